@@ -1,0 +1,73 @@
+"""The `contbatch` command line: `simulate` and `compare`.
+
+Bad input (unknown names, bad values, unreadable traces) is answered with one line on stderr
+and exit code 2; a failure inside a run with exit code 1 and its message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from contbatch import __version__
+from contbatch.cli.options import UsageError, add_run_flags, resolve
+from contbatch.cli.report import run_all, to_document, to_json, to_text, write_out_dir
+from contbatch.sim.loop import SimulationStalled
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="contbatch",
+        description="Continuous batching, measured: simulate LLM serving schedulers on a trace.",
+    )
+    parser.add_argument("--version", action="version", version=f"contbatch {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    simulate = commands.add_parser(
+        "simulate", help="run one scheduler on a trace", description="Run one scheduler on a trace and summarise it."
+    )
+    simulate.add_argument("--scheduler", default="continuous", help="continuous (default) or static")
+    add_run_flags(simulate)
+    compare = commands.add_parser(
+        "compare",
+        help="run several schedulers on the same trace, one table",
+        description="Run several schedulers on the same trace, cost model and config; print one table.",
+    )
+    compare.add_argument(
+        "--schedulers", default="static,continuous", help="comma-separated scheduler names (default: static,continuous)"
+    )
+    add_run_flags(compare)
+    return parser
+
+
+def _scheduler_names(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.command == "simulate":
+        return (args.scheduler,)
+    return tuple(n.strip() for n in args.schedulers.split(",") if n.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        opts = resolve(args, _scheduler_names(args))
+    except UsageError as exc:
+        print(f"contbatch {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        outcomes = run_all(opts)
+    except SimulationStalled as exc:
+        print(f"contbatch {args.command}: simulation failed: {exc}", file=sys.stderr)
+        return 1
+    document = to_document(opts, outcomes)
+    write_out_dir(opts, outcomes, document)
+    try:
+        print(to_json(document) if opts.as_json else to_text(opts, outcomes))
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `contbatch ... | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Running schedulers on one trace and presenting their results (text, JSON, files).
+
+Every scheduler of a comparison runs the same trace, cost model and config through the same
+simulator loop and the same metrics; the JSON document is deterministic (same inputs, same
+bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from contbatch.cli.options import RunOptions
+from contbatch.core import make_scheduler
+from contbatch.metrics import (
+    format_compare_table,
+    format_number,
+    per_request_table,
+    summarize,
+    write_requests_csv,
+    write_requests_jsonl,
+)
+from contbatch.sim.loop import SimResult, simulate
+
+UNIT_NAMES = {"s": "seconds", "tick": "ticks"}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    sim: SimResult
+    summary: dict[str, object]
+
+
+def run_all(opts: RunOptions) -> dict[str, Outcome]:
+    outcomes: dict[str, Outcome] = {}
+    for name in opts.schedulers:
+        sim = simulate(opts.trace, make_scheduler(name, opts.config), opts.cost)
+        summary = summarize(sim.timelines, time_unit=sim.time_unit, padding_tokens=sim.padding_tokens, slo=opts.slo)
+        summary["num_steps"] = sim.num_steps
+        outcomes[name] = Outcome(sim, summary)
+    return outcomes
+
+
+def per_request(sim: SimResult) -> dict[str, dict[str, float | None]]:
+    """The seed's per-request dicts: TTFT, TPOT and completion time by request id."""
+    rows = per_request_table(sim.timelines)
+    return {
+        "ttft": {m.request_id: m.ttft for m in rows},
+        "tpot": {m.request_id: m.tpot for m in rows},
+        "completion": {m.request_id: m.completion_ts for m in rows},
+    }
+
+
+def to_document(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> dict[str, object]:
+    results: dict[str, object] = {}
+    for name, outcome in outcomes.items():
+        entry = dict(outcome.summary)
+        if opts.per_request:
+            entry["per_request"] = per_request(outcome.sim)
+        results[name] = entry
+    return {
+        "trace": {
+            "name": opts.trace.name,
+            "num_requests": len(opts.trace),
+            "time_unit": opts.trace.time_unit,
+            "source": opts.trace.source,
+        },
+        "cost": opts.cost_spec,
+        "preset": opts.preset,
+        "scheduler_config": dataclasses.asdict(opts.config),
+        "slo": None if opts.slo is None else opts.slo.as_dict(),
+        "results": results,
+    }
+
+
+def to_json(document: Mapping[str, object]) -> str:
+    return json.dumps(document, indent=2, sort_keys=False, allow_nan=False)
+
+
+def to_text(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> str:
+    config = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(opts.config).items())
+    trace = opts.trace
+    lines = [
+        f"trace: {trace.name} ({len(trace)} requests, in {UNIT_NAMES[trace.time_unit]}) - {trace.source}",
+        f"cost: {opts.cost_spec}   preset: {opts.preset}   {config}",
+        "",
+        format_compare_table({name: o.summary for name, o in outcomes.items()}),
+    ]
+    if opts.per_request:
+        lines += [_per_request_text(outcomes)]
+    return "\n".join(lines)
+
+
+def _per_request_text(outcomes: Mapping[str, Outcome]) -> str:
+    names = list(outcomes)
+    tables = {name: per_request(o.sim) for name, o in outcomes.items()}
+    ids = list(tables[names[0]]["ttft"])
+    header = ["request"] + [f"{n} {col}" for n in names for col in ("ttft", "tpot", "done")]
+    rows = [header]
+    for rid in ids:
+        row = [rid]
+        for name in names:
+            row += [format_number(tables[name][col][rid]) for col in ("ttft", "tpot", "completion")]
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def write_out_dir(opts: RunOptions, outcomes: Mapping[str, Outcome], document: Mapping[str, object]) -> None:
+    if opts.out_dir is None:
+        return
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    (opts.out_dir / "results.json").write_text(to_json(document) + "\n")
+    for name, outcome in outcomes.items():
+        write_requests_jsonl(outcome.sim.timelines, opts.out_dir / f"requests-{name}.jsonl")
+        write_requests_csv(outcome.sim.timelines, opts.out_dir / f"requests-{name}.csv")

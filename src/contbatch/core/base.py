@@ -1,0 +1,136 @@
+"""What every scheduler shares: the request registry, admission checks, `update`, `cancel`.
+
+A subclass supplies `schedule(now)`. Invariants kept here:
+- `requests` holds exactly the unfinished requests; each is in `waiting` or in `running`, never
+  both; a request leaves `requests` in the same call that finishes it;
+- `update` applies a step's result only to requests still unfinished (one cancelled while its
+  step ran keeps its timeline, its tokens from that step are dropped);
+- a request finishes once, with one reason, and its id is reported in the next output's
+  `finished_ids` so the executor frees what it holds for it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from contbatch.core.config import SchedulerConfig
+from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
+from contbatch.core.queue import WaitingQueue
+from contbatch.core.request import Request
+from contbatch.core.status import FinishReason, RequestStatus
+
+
+class SchedulerBase(ABC):
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.requests: dict[str, Request] = {}
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []
+        self.last_output: SchedulerOutput | None = None
+        self.num_finished = 0
+        self._step_id = 0
+        self._finished_since_output: list[str] = []
+        self._max_seqs = config.max_num_seqs if config.max_num_seqs is not None else 1 << 62
+
+    # -- the three calls ---------------------------------------------------------------------
+    @abstractmethod
+    def schedule(self, now: float) -> SchedulerOutput: ...
+
+    def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
+        """Apply a step's result at `now` (the step's end); return the requests it finished."""
+        done: list[Request] = []
+        for chunk in out.chunks:
+            request = self.requests.get(chunk.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # finished (cancelled) while its step ran; its id may even be reused
+            request.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            if chunk.samples:
+                self._apply_sample(request, chunk, result, now, done)
+        self._apply_executor_finishes(out, result, now, done)
+        if done:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return done
+
+    def _apply_executor_finishes(
+        self, out: SchedulerOutput, result: StepResult, now: float, done: list[Request]
+    ) -> None:
+        if not result.finished:
+            return
+        step_ids = {c.request_id for c in out.chunks}
+        for request_id, reason in result.finished.items():
+            if request_id not in step_ids:
+                raise ValueError(f"step {out.step_id}: the executor finished {request_id!r}, which was not in the step")
+            request = self.requests.get(request_id)
+            if request is not None and request.status is RequestStatus.RUNNING:
+                self._finish(request, reason, now)
+                done.append(request)
+
+    def _apply_sample(
+        self, request: Request, chunk: ScheduledChunk, result: StepResult, now: float, done: list[Request]
+    ) -> None:
+        token_ids = result.sampled_token_ids.get(chunk.request_id)
+        if not token_ids:
+            raise ValueError(f"step {chunk.request_id!r}: the step result holds no sampled token for it")
+        room = request.max_output_tokens - request.num_output_tokens
+        request.append_output(tuple(token_ids[:room]), now)
+        if chunk.request_id in result.finished:
+            return  # the executor's reason (stop, error) wins over length
+        if request.num_output_tokens >= request.max_output_tokens:
+            self._finish(request, FinishReason.LENGTH, now)
+            done.append(request)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def add_request(self, request: Request, now: float) -> bool:
+        """Queue `request`, or finish it at once as REJECTED; True when queued."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
+        if request.status is not RequestStatus.WAITING:
+            raise ValueError(f"request {request.request_id!r} is {request.status.value}, not new")
+        self.requests[request.request_id] = request
+        reason = self.rejection_reason(request)
+        if reason:
+            self._finish(request, FinishReason.REJECTED, now, reason)
+            return False
+        self.waiting.push(request)
+        return True
+
+    def rejection_reason(self, request: Request) -> str:
+        """Why `request` can never run under this configuration; empty when it can."""
+        limit = self.config.max_model_len
+        total = request.num_prompt_tokens + request.max_output_tokens
+        if limit is not None and total > limit:
+            return f"prompt + max output = {total} tokens exceeds max_model_len {limit}"
+        return ""
+
+    def cancel(self, request_id: str, now: float, reason: FinishReason = FinishReason.CANCELLED) -> bool:
+        """Finish an unfinished request at once (waiting or running); False if unknown or done."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        was_running = request.status is RequestStatus.RUNNING
+        self._finish(request, reason, now)  # validates before anything moves
+        if was_running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove((request,))
+        return True
+
+    def _finish(self, request: Request, reason: FinishReason, now: float, detail: str = "") -> None:
+        request.finish(reason, now, detail)
+        del self.requests[request.request_id]
+        self.num_finished += 1
+        self._finished_since_output.append(request.request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- helpers for subclasses ---------------------------------------------------------------
+    def _next_step_id(self) -> int:
+        step_id = self._step_id
+        self._step_id += 1
+        return step_id
+
+    def _take_finished_ids(self) -> tuple[str, ...]:
+        ids = tuple(self._finished_since_output)
+        self._finished_since_output.clear()
+        return ids

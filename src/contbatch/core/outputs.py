@@ -1,0 +1,90 @@
+"""The scheduler -> executor contract and the executor -> scheduler answer.
+
+`SchedulerOutput` says what one step computes; `StepResult` says what came out of it. Both are
+frozen: an executor (the simulator's cost model or the real engine) may read them, never change
+them. Every field states its unit and invariant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
+
+from contbatch.core.status import FinishReason
+
+_EMPTY: Mapping[str, object] = MappingProxyType({})
+
+
+class ScheduledChunk(NamedTuple):
+    """One request's share of a step: tokens [start, start + num_new_tokens) of its sequence."""
+
+    request_id: str
+    start: int  # num_computed_tokens before this step (the first position computed now)
+    num_new_tokens: int  # >= 1
+    is_prefill: bool  # computes prompt (or recomputed) positions; False: a decode at the sequence end
+    samples: bool  # this step samples output token(s) for the request
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    step_id: int  # 0, 1, 2, ... per scheduler
+    chunks: tuple[ScheduledChunk, ...]  # distinct request ids, in execution order
+    num_batched_tokens: int  # == sum(c.num_new_tokens for c in chunks) <= token budget
+    num_prefill_tokens: int  # tokens of prefill chunks (prompt or recomputed positions)
+    num_decode_tokens: int  # == num_batched_tokens - num_prefill_tokens
+    num_context_tokens: int  # == sum(c.start + c.num_new_tokens): KV positions read by attention
+    num_padding_tokens: int = 0  # token-work computed for no request (static padding, idle slots)
+    preempted_ids: tuple[str, ...] = ()  # requests preempted by this schedule() call
+    finished_ids: tuple[str, ...] = ()  # requests finished since the previous step; resources freed
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.chunks)
+
+
+def build_output(
+    step_id: int,
+    chunks: list[ScheduledChunk],
+    *,
+    num_padding_tokens: int = 0,
+    preempted_ids: tuple[str, ...] = (),
+    finished_ids: tuple[str, ...] = (),
+) -> SchedulerOutput:
+    """A `SchedulerOutput` whose totals are derived from `chunks` (so they cannot disagree)."""
+    batched = prefill = context = 0
+    for c in chunks:
+        batched += c.num_new_tokens
+        context += c.start + c.num_new_tokens
+        if c.is_prefill:
+            prefill += c.num_new_tokens
+    return SchedulerOutput(
+        step_id=step_id,
+        chunks=tuple(chunks),
+        num_batched_tokens=batched,
+        num_prefill_tokens=prefill,
+        num_decode_tokens=batched - prefill,
+        num_context_tokens=context,
+        num_padding_tokens=num_padding_tokens,
+        preempted_ids=preempted_ids,
+        finished_ids=finished_ids,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    # request id -> token ids sampled this step; keys == ids of the step's sampling chunks
+    sampled_token_ids: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    # request id -> reason, for requests the executor ended (a stop token or string, an error)
+    finished: Mapping[str, FinishReason] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        for name in ("sampled_token_ids", "finished"):
+            value = getattr(self, name)
+            if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))

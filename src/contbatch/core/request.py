@@ -1,0 +1,118 @@
+"""The scheduler's view of one request.
+
+A `Request` is owned by exactly one scheduler. Its token accounting is token-centric:
+the request needs `num_prompt_tokens` of prefill, then one decode token per step; a step
+gives it `num_new_tokens` that advance `num_computed_tokens`.
+
+Invariants:
+- 0 <= num_computed_tokens <= num_known_tokens (prompt + outputs so far);
+- num_output_tokens <= max_output_tokens; output tokens only grow;
+- `status` moves only along the edges of `contbatch.core.status` (checked on every move);
+- FINISHED happens once, and the timeline records the same reason.
+"""
+
+from __future__ import annotations
+
+from contbatch.core.status import FinishReason, RequestStatus, check_transition
+from contbatch.core.timeline import Timeline
+
+
+class Request:
+    __slots__ = (
+        "deadline_ts",
+        "finish_detail",
+        "finish_reason",
+        "max_output_tokens",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "output_token_ids",
+        "priority",
+        "request_id",
+        "status",
+        "tenant",
+        "timeline",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        arrival_ts: float,
+        num_prompt_tokens: int,
+        max_output_tokens: int,
+        *,
+        priority: int = 0,
+        tenant: str | None = None,
+        deadline_ts: float | None = None,
+    ) -> None:
+        if num_prompt_tokens < 1:
+            raise ValueError(f"request {request_id!r}: num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
+        if max_output_tokens < 1:
+            raise ValueError(f"request {request_id!r}: max_output_tokens must be >= 1, got {max_output_tokens}")
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.priority = priority
+        self.tenant = tenant
+        self.deadline_ts = deadline_ts
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.output_token_ids: list[int] = []
+        self.num_preemptions = 0
+        self.finish_reason: FinishReason | None = None
+        self.finish_detail = ""  # why, in words, for REJECTED / ERROR / TIMEOUT
+        self.timeline = Timeline(request_id, arrival_ts, num_prompt_tokens, tenant=tenant, priority=priority)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, computed={self.num_computed_tokens}, "
+            f"prompt={self.num_prompt_tokens}, out={self.num_output_tokens}/{self.max_output_tokens})"
+        )
+
+    @property
+    def arrival_ts(self) -> float:
+        return self.timeline.arrival_ts
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids exist: the prompt plus every output token sampled so far."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    # -- state machine: each move validates first (status edge, then timestamp), so a refused
+    # move leaves the request exactly as it was.
+    def move_to(self, new: RequestStatus) -> None:
+        check_transition(self.request_id, self.status, new)
+        self.status = new
+
+    def admit(self, now: float) -> None:
+        check_transition(self.request_id, self.status, RequestStatus.RUNNING)
+        self.timeline.record_scheduled(now)
+        self.status = RequestStatus.RUNNING
+
+    def preempt(self, now: float, *, keep_computed: bool = False) -> None:
+        """Back to the waiting queue. Recompute drops the KV (`num_computed_tokens` = 0); a swap
+        keeps it (`keep_computed`), parked in host memory."""
+        check_transition(self.request_id, self.status, RequestStatus.PREEMPTED)
+        self.timeline.record_preempted(now)
+        self.status = RequestStatus.PREEMPTED
+        self.num_preemptions += 1
+        if not keep_computed:
+            self.num_computed_tokens = 0
+
+    def finish(self, reason: FinishReason, now: float, detail: str = "") -> None:
+        check_transition(self.request_id, self.status, RequestStatus.FINISHED)
+        self.timeline.record_finished(now, reason)
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+        self.finish_detail = detail
+
+    def append_output(self, token_ids: tuple[int, ...], now: float) -> None:
+        self.output_token_ids.extend(token_ids)
+        self.num_output_tokens += len(token_ids)
+        self.timeline.record_tokens(now, len(token_ids))

@@ -1,0 +1,70 @@
+"""Distribution statistics and time units for summaries.
+
+This module owns two things every summary key depends on:
+
+- the time units: a run's clock is ``"s"`` or ``"tick"``. Latency keys carry the suffix
+  ``_ms`` (values × 1000) for seconds, as `vllm bench serve` does, and ``_ticks`` (values as is)
+  for ticks. Makespan, throughput and SLO thresholds stay in the run's own unit.
+- the statistics of one latency sample: mean, median, std, min, max, p90, p95, p99. Percentiles
+  use numpy's default (linear interpolation) method, std is the population std (ddof=0, as
+  `vllm bench serve`). Invariant: every value is a plain Python float, or None for an empty
+  sample: never a numpy scalar, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Final
+
+import numpy as np
+
+TIME_UNITS: Final[tuple[str, ...]] = ("s", "tick")
+PERCENTILES: Final[tuple[int, ...]] = (90, 95, 99)
+# Order matters: `describe` computes the statistics in this order.
+STAT_PREFIXES: Final[tuple[str, ...]] = ("mean", "median", "std", "min", "max", "p90", "p95", "p99")
+
+
+def check_time_unit(time_unit: str) -> str:
+    """Return `time_unit` if it is ``"s"`` or ``"tick"``, else raise `ValueError`."""
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit must be one of {TIME_UNITS}, got {time_unit!r}")
+    return time_unit
+
+
+def latency_suffix(time_unit: str) -> str:
+    """``"ms"`` for a seconds clock, ``"ticks"`` for a tick clock."""
+    return "ms" if check_time_unit(time_unit) == "s" else "ticks"
+
+
+def latency_scale(time_unit: str) -> float:
+    """Factor from the run unit to the latency-key unit: 1000 for seconds, 1 for ticks."""
+    return 1000.0 if check_time_unit(time_unit) == "s" else 1.0
+
+
+def describe(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
+    """{prefix: statistic} for every prefix in `STAT_PREFIXES`, of `values` × `scale`.
+
+    An empty sample gives None for every statistic; a statistic that overflows a float (only
+    possible near 1e308) is None too.
+    """
+    if len(values) == 0:
+        return dict.fromkeys(STAT_PREFIXES)
+    with np.errstate(over="ignore", invalid="ignore"):
+        arr = np.asarray(values, dtype=np.float64) * scale
+        raw = [np.mean(arr), np.median(arr), np.std(arr), np.min(arr), np.max(arr)]
+        raw += list(np.percentile(arr, PERCENTILES))
+    return {prefix: _plain(value) for prefix, value in zip(STAT_PREFIXES, raw, strict=True)}
+
+
+def _plain(value: np.floating[Any]) -> float | None:
+    """A plain float, or None for a value that overflowed (never inf or NaN in a summary)."""
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def latency_keys(name: str, values: Sequence[float], time_unit: str) -> dict[str, float | None]:
+    """`describe(values)` keyed as `vllm bench serve` does: ``mean_ttft_ms``, ``p99_ttft_ticks``..."""
+    suffix = latency_suffix(time_unit)
+    stats = describe(values, latency_scale(time_unit))
+    return {f"{prefix}_{name}_{suffix}": stats[prefix] for prefix in STAT_PREFIXES}

@@ -1,0 +1,180 @@
+"""Run summaries: one JSON-ready dict of every aggregate metric of a set of timelines.
+
+This module owns the run-level definitions; each is written beside its computation:
+
+- makespan   = last FINISHED − first ARRIVED, in the run unit. ``duration`` repeats it under
+  `vllm bench serve`'s name.
+- throughput = output tokens / makespan (``output_throughput``), completed requests / makespan
+  (``request_throughput``), (input + output tokens) / makespan (``total_token_throughput``), in
+  the run unit (per second or per tick). Output tokens count every token emitted, including
+  those of requests later cancelled, timed out or failed (their waste is ``unsent_waste``).
+  Input tokens count the prompts of requests that were scheduled or emitted a token; the prompt
+  of a request rejected before it ran was never processed. ``completed`` counts requests that
+  finished with ``length`` or ``stop``.
+- latency statistics (see `stats.describe`) over every request for which the latency is
+  defined: queue time over scheduled requests, requeue time over preempted requests, TTFT over
+  requests that emitted a token (requests that never did are left out of TTFT, but still counted
+  in ``finish_reasons``), TPOT over requests with two or more output tokens, ITL over every gap
+  of every request (pooled), E2E over every request.
+- goodput    = requests meeting every SLO given / makespan (``goodput``, alias
+  ``request_goodput``), their output tokens / makespan (``goodput_tokens``), and the fraction of
+  all requests meeting it (``slo_attainment``). See `SLO.is_met_by`.
+- padding waste = token-work computed for no request, and unsent waste = tokens generated but
+  never delivered; both are counted by the executor and passed in as is.
+
+Invariants of the returned dict: plain ``int``/``float``/``str``/``None``/``dict`` values only
+(``json.dumps(..., allow_nan=False)`` succeeds); a statistic of an empty sample, and a rate over
+a zero makespan, is None, never NaN or infinity; ``finish_reasons`` always holds all six reasons.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from contbatch.core.status import FinishReason
+from contbatch.core.timeline import Timeline
+from contbatch.metrics.request import RequestMetrics, request_metrics
+from contbatch.metrics.stats import check_time_unit, latency_keys
+
+LATENCY_NAMES: tuple[str, ...] = ("queue", "requeue", "ttft", "tpot", "itl", "itl_per_token", "e2el")
+"""Latency key stems, in summary order: ``mean_<stem>_ms`` etc."""
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives, each optional, in the run's time unit (seconds or ticks)."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft", "tpot", "e2e"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"SLO {name} must be a non-negative number, got {value!r}")
+
+    def is_met_by(self, m: RequestMetrics) -> bool:
+        """True when `m` completed (length/stop) and meets every objective given.
+
+        A failed, cancelled, timed-out, rejected or errored request is a miss. TTFT needs a first
+        token; a request with fewer than two output tokens has no TPOT and meets any TPOT SLO.
+        """
+        if not m.succeeded:
+            return False
+        if self.ttft is not None and (m.ttft is None or m.ttft > self.ttft):
+            return False
+        if self.tpot is not None and m.tpot is not None and m.tpot > self.tpot:
+            return False
+        return self.e2e is None or m.e2e <= self.e2e
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}
+
+
+def _metrics_of(timelines: Iterable[Timeline]) -> list[RequestMetrics]:
+    rows = [request_metrics(tl) for tl in timelines]
+    if not rows:
+        raise ValueError("cannot summarize an empty list of timelines")
+    seen: set[str] = set()
+    for m in rows:
+        if m.request_id in seen:
+            raise ValueError(f"request id {m.request_id!r} appears in more than one timeline")
+        seen.add(m.request_id)
+    return rows
+
+
+def _per_unit(amount: float, makespan: float) -> float | None:
+    """`amount` / `makespan`; None when the makespan is zero (every event at one instant) or so
+    small that the rate overflows a float."""
+    if makespan <= 0:
+        return None
+    rate = float(amount) / makespan
+    return rate if math.isfinite(rate) else None
+
+
+def _count_keys(rows: list[RequestMetrics]) -> dict[str, object]:
+    reasons = {reason.value: 0 for reason in FinishReason}
+    for m in rows:
+        reasons[m.finish_reason.value] += 1
+    return {
+        "num_requests": len(rows),
+        "completed": sum(1 for m in rows if m.succeeded),
+        "finish_reasons": reasons,
+        "num_preemptions": sum(m.num_preemptions for m in rows),
+        "num_preempted_requests": sum(1 for m in rows if m.num_preemptions > 0),
+    }
+
+
+def _throughput_keys(rows: list[RequestMetrics], makespan: float) -> dict[str, object]:
+    served = [m for m in rows if m.first_scheduled_ts is not None or m.num_output_tokens > 0]
+    total_input = sum(m.num_prompt_tokens for m in served)
+    total_output = sum(m.num_output_tokens for m in rows)
+    return {
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": _per_unit(sum(1 for m in rows if m.succeeded), makespan),
+        "output_throughput": _per_unit(total_output, makespan),
+        "total_token_throughput": _per_unit(total_input + total_output, makespan),
+    }
+
+
+def _latency_keys(rows: list[RequestMetrics], time_unit: str) -> dict[str, object]:
+    samples: dict[str, list[float]] = {
+        "queue": [m.queue_time for m in rows if m.queue_time is not None],
+        "requeue": [m.requeue_time for m in rows if m.num_preemptions > 0],
+        "ttft": [m.ttft for m in rows if m.ttft is not None],
+        "tpot": [m.tpot for m in rows if m.tpot is not None],
+        "itl": [gap for m in rows for gap in m.itl_per_emission],
+        "itl_per_token": [gap for m in rows for gap in m.itl_per_token],
+        "e2el": [m.e2e for m in rows],
+    }
+    keys: dict[str, object] = {}
+    for name in LATENCY_NAMES:
+        keys.update(latency_keys(name, samples[name], time_unit))
+    return keys
+
+
+def _goodput_keys(rows: list[RequestMetrics], makespan: float, slo: SLO) -> dict[str, object]:
+    good = [m for m in rows if slo.is_met_by(m)]
+    goodput = _per_unit(len(good), makespan)
+    return {
+        "slo": slo.as_dict(),
+        "num_good_requests": len(good),
+        "goodput": goodput,
+        "request_goodput": goodput,
+        "goodput_tokens": _per_unit(sum(m.num_output_tokens for m in good), makespan),
+        "slo_attainment": len(good) / len(rows),
+    }
+
+
+def summarize(
+    timelines: Iterable[Timeline],
+    *,
+    time_unit: str,
+    padding_tokens: int = 0,
+    unsent_tokens: int = 0,
+    slo: SLO | None = None,
+) -> dict[str, object]:
+    """Summarize finished timelines of one run whose clock unit is `time_unit` ("s" or "tick").
+
+    Raises `ValueError` for an empty input, an unfinished timeline (naming it), a duplicate
+    request id, an unknown time unit or a negative waste count. SLO keys appear only with `slo`.
+    """
+    check_time_unit(time_unit)
+    if padding_tokens < 0 or unsent_tokens < 0:
+        raise ValueError(f"waste counts must be >= 0, got padding={padding_tokens} unsent={unsent_tokens}")
+    rows = _metrics_of(timelines)
+    # makespan = last FINISHED − first ARRIVED
+    makespan = float(max(m.completion_ts for m in rows) - min(m.arrival_ts for m in rows))
+    summary: dict[str, object] = {"time_unit": time_unit, "duration": makespan, "makespan": makespan}
+    summary.update(_count_keys(rows))
+    summary.update(_throughput_keys(rows, makespan))
+    summary["padding_waste"] = int(padding_tokens)
+    summary["unsent_waste"] = int(unsent_tokens)
+    summary.update(_latency_keys(rows, time_unit))
+    if slo is not None:
+        summary.update(_goodput_keys(rows, makespan, slo))
+    return summary

@@ -1,0 +1,214 @@
+"""The canonical trace schema: what one request of a workload is, and what a trace is.
+
+This module owns the validation rules; every loader builds `TraceRequest`s through the
+constructor, so a rule stated here holds for every trace whatever file it came from.
+
+Invariants of a `TraceRequest` (checked in ``__post_init__``):
+- ``request_id`` is a non-empty string;
+- ``arrival_ts`` is a finite float >= 0 (offset from the trace start, in the trace's time unit);
+- ``num_prompt_tokens`` and ``num_output_tokens`` are ints >= 1 (bools are not ints here);
+- ``priority`` is an int (lower runs first); ``tenant`` is absent or a non-empty string;
+- ``deadline_ts`` is absent or a finite float >= ``arrival_ts`` (same clock as the arrival);
+- ``max_output_tokens`` is absent or an int >= ``num_output_tokens``: the client's output limit.
+  The request really produces ``num_output_tokens`` (it stops early, like at an EOS token), but a
+  scheduler that reserves conservatively must reserve for the limit (`output_limit`);
+- ``prefix_group`` is absent or a non-empty string, ``prefix_tokens`` an int with
+  0 <= ``prefix_tokens`` <= ``num_prompt_tokens``, and ``prefix_tokens`` > 0 needs a group. A
+  group names one token sequence (a system prompt, a conversation so far) and each of its
+  requests starts with that sequence's first ``prefix_tokens`` tokens, so two requests of a
+  group share the shorter of their two prefixes;
+- ``cancel_ts`` is absent or a finite float >= ``arrival_ts``: the client cancels at that time
+  (absolute, same clock as the arrival) unless the request has finished by then;
+- ``read_rate`` is absent (the client reads as fast as tokens come) or a finite float > 0: the
+  tokens per time unit a streaming client consumes.
+
+Invariants of a `Trace`: ``time_unit`` is one of `TIME_UNITS`; request ids are unique;
+``requests`` is sorted by arrival, stably (the constructor sorts, so input order breaks ties);
+``source`` is a single line.
+
+Programmatic misuse raises `RequestValueError` (a `ValueError` naming the attribute); loaders
+turn it into a `TraceError` naming the file, the line and the file's own field name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+TIME_UNITS: tuple[str, ...] = ("s", "tick")
+
+
+class TraceError(ValueError):
+    """A trace could not be loaded; the message always says where.
+
+    Formats: ``"{file}:{line}: field '{field}': {problem}"`` for one field of one row,
+    ``"{file}:{line}: {problem}"`` for a row that cannot be split into fields (bad JSON, extra
+    CSV cells), ``"{file}: {problem}"`` for the file as a whole, and the bare problem when there
+    is no file at all (an unknown trace name). Line numbers are 1-based.
+    """
+
+    def __init__(
+        self, problem: str, *, file: str | None = None, line: int | None = None, field: str | None = None
+    ) -> None:
+        self.problem = problem
+        self.file = file
+        self.line = line
+        self.field = field
+        super().__init__(_where(file, line, field) + problem)
+
+
+def _where(file: str | None, line: int | None, field: str | None) -> str:
+    parts = [] if file is None else [file if line is None else f"{file}:{line}"]
+    if field is not None:
+        parts.append(f"field '{field}'")
+    return "".join(f"{part}: " for part in parts)
+
+
+class RequestValueError(ValueError):
+    """A `TraceRequest` attribute breaks a schema rule; ``field`` is the attribute name."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"field '{field}': {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a workload: when it arrives and how much work it is."""
+
+    request_id: str
+    arrival_ts: float  # offset from the trace start, in the trace's time unit; finite, >= 0
+    num_prompt_tokens: int  # >= 1
+    num_output_tokens: int  # >= 1; the forced output length
+    priority: int = 0  # lower runs first
+    tenant: str | None = None  # absent or non-empty
+    deadline_ts: float | None = None  # absolute, same clock as arrival_ts; >= arrival_ts
+    max_output_tokens: int | None = None  # the client's limit; >= num_output_tokens
+    prefix_group: str | None = None  # absent or non-empty; names a shared token sequence
+    prefix_tokens: int = 0  # 0..num_prompt_tokens leading tokens from the group; > 0 needs a group
+    cancel_ts: float | None = None  # absolute, same clock as arrival_ts; >= arrival_ts
+    read_rate: float | None = None  # tokens per time unit the client reads; > 0; None: unlimited
+
+    def __post_init__(self) -> None:
+        _check_text("request_id", self.request_id, optional=False)
+        arrival_ts = _checked_time("arrival_ts", self.arrival_ts)
+        if arrival_ts < 0:
+            raise RequestValueError("arrival_ts", f"must be >= 0, got {self.arrival_ts!r}")
+        object.__setattr__(self, "arrival_ts", arrival_ts)
+        _check_int("num_prompt_tokens", self.num_prompt_tokens, minimum=1)
+        _check_int("num_output_tokens", self.num_output_tokens, minimum=1)
+        _check_int("priority", self.priority, minimum=None)
+        _check_text("tenant", self.tenant, optional=True)
+        object.__setattr__(self, "deadline_ts", _checked_after("deadline_ts", self.deadline_ts, arrival_ts))
+        self._check_output_limit()
+        self._check_prefix()
+        object.__setattr__(self, "cancel_ts", _checked_after("cancel_ts", self.cancel_ts, arrival_ts))
+        if self.read_rate is not None:
+            read_rate = _checked_time("read_rate", self.read_rate)
+            if read_rate <= 0:
+                raise RequestValueError("read_rate", f"must be > 0 or absent, got {self.read_rate!r}")
+            object.__setattr__(self, "read_rate", read_rate)
+
+    @property
+    def output_limit(self) -> int:
+        """The most output tokens the client allows: what a conservative scheduler reserves for."""
+        return self.num_output_tokens if self.max_output_tokens is None else self.max_output_tokens
+
+    def _check_output_limit(self) -> None:
+        if self.max_output_tokens is None:
+            return
+        _check_int("max_output_tokens", self.max_output_tokens, minimum=1)
+        if self.max_output_tokens < self.num_output_tokens:
+            problem = (
+                f"must be >= the output tokens ({self.num_output_tokens}) or absent, "
+                f"got {self.max_output_tokens}"
+            )
+            raise RequestValueError("max_output_tokens", problem)
+
+    def _check_prefix(self) -> None:
+        _check_text("prefix_group", self.prefix_group, optional=True)
+        _check_int("prefix_tokens", self.prefix_tokens, minimum=0)
+        if self.prefix_tokens > self.num_prompt_tokens:
+            problem = f"must be <= the prompt tokens ({self.num_prompt_tokens}), got {self.prefix_tokens}"
+            raise RequestValueError("prefix_tokens", problem)
+        if self.prefix_tokens > 0 and self.prefix_group is None:
+            raise RequestValueError("prefix_tokens", f"is {self.prefix_tokens} but no prefix group is given")
+
+
+def _check_text(field: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        absent = " or absent" if optional else ""
+        raise RequestValueError(field, f"must be a non-empty string{absent}, got {value!r}")
+
+
+def _check_int(field: str, value: object, *, minimum: int | None) -> None:
+    # bool is a subclass of int; a JSON `true` is not a token count.
+    if not isinstance(value, int) or isinstance(value, bool):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise RequestValueError(field, f"must be an integer{bound}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise RequestValueError(field, f"must be an integer >= {minimum}, got {value}")
+
+
+def _checked_after(field: str, value: object, arrival_ts: float) -> float | None:
+    """``value`` as a float time no earlier than the arrival, or None if absent."""
+    if value is None:
+        return None
+    as_float = _checked_time(field, value)
+    if as_float < arrival_ts:
+        raise RequestValueError(field, f"must be >= the arrival ({arrival_ts!r}), got {value!r}")
+    return as_float
+
+
+def _checked_time(field: str, value: object) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise RequestValueError(field, f"must be a number, got {value!r}")
+    try:
+        as_float = float(value)
+    except OverflowError:
+        raise RequestValueError(field, f"must be a finite number, got {value!r}") from None
+    if not math.isfinite(as_float):
+        raise RequestValueError(field, f"must be a finite number, got {value!r}")
+    return as_float
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A named, ordered workload: requests sorted by arrival, plus where it came from."""
+
+    name: str
+    requests: tuple[TraceRequest, ...]  # sorted by arrival_ts, stable; ids unique
+    time_unit: str  # one of TIME_UNITS: "s" (seconds) or "tick" (abstract simulator steps)
+    source: str  # one line of provenance / attribution
+
+    def __post_init__(self) -> None:
+        if self.time_unit not in TIME_UNITS:
+            raise ValueError(f"time_unit must be one of {', '.join(TIME_UNITS)}, got {self.time_unit!r}")
+        if "\n" in self.source or "\r" in self.source:
+            raise ValueError(f"source must be one line, got {self.source!r}")
+        requests = tuple(self.requests)
+        for request in requests:
+            if not isinstance(request, TraceRequest):
+                raise TypeError(f"requests must be TraceRequest, got {type(request).__name__}")
+        seen: set[str] = set()
+        for request in requests:
+            if request.request_id in seen:
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            seen.add(request.request_id)
+        # sorted() is stable: requests arriving together keep their input order.
+        object.__setattr__(self, "requests", tuple(sorted(requests, key=lambda r: r.arrival_ts)))
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return iter(self.requests)
+
+    @property
+    def duration(self) -> float:
+        """Time from the trace start (0) to the last arrival, in ``time_unit``; 0.0 if empty."""
+        return self.requests[-1].arrival_ts if self.requests else 0.0
