@@ -11,9 +11,10 @@ from contbatch.core import make_scheduler
 from contbatch.core.config import PRESETS, ConfigError, SchedulerConfig, preset_config, seed_config
 
 
-def test_defaults_are_the_engine_preset() -> None:
+def test_defaults_are_the_engine_preset_without_a_memory_limit() -> None:
     config = SchedulerConfig()
-    assert config == preset_config("engine") == PRESETS["engine"]
+    assert dataclasses.replace(preset_config("engine"), kv=None) == config
+    assert PRESETS["engine"].kv is not None and config.kv is None
     assert config.sample_on_prefill and config.chunked_prefill and not config.skip_blocked
     assert config.max_model_len is None
 

@@ -93,8 +93,6 @@ def test_format_summary_in_seconds(continuous: list[Timeline]) -> None:
 
 def test_mixed_units_and_empty_are_errors(continuous: list[Timeline]) -> None:
     with pytest.raises(ValueError, match="time units"):
-        format_compare_table(
-            {"a": summarize(continuous, time_unit="s"), "b": summarize(continuous, time_unit="tick")}
-        )
+        format_compare_table({"a": summarize(continuous, time_unit="s"), "b": summarize(continuous, time_unit="tick")})
     with pytest.raises(ValueError, match="at least one"):
         format_compare_table({})

@@ -103,9 +103,7 @@ def test_preemption_requeue_reported_separately(make_tl: MakeTimeline) -> None:
 
 
 def test_preempted_then_cancelled_while_waiting(make_tl: MakeTimeline) -> None:
-    tl = make_tl(
-        "p", 0.0, scheduled=[1.0], preempted=[3.0], tokens=[2.0], finished=7.0, reason=FinishReason.CANCELLED
-    )
+    tl = make_tl("p", 0.0, scheduled=[1.0], preempted=[3.0], tokens=[2.0], finished=7.0, reason=FinishReason.CANCELLED)
     assert request_metrics(tl).requeue_time == 4.0
 
 

@@ -263,9 +263,7 @@ def test_summary_ttft_percentiles_match_numpy(make_tl: MakeTimeline, ttfts: list
     gaps=st.lists(st.floats(0.001, 10.0), min_size=2, max_size=15),
     counts=st.lists(st.integers(1, 4), min_size=15, max_size=15),
 )
-def test_summary_itl_per_token_matches_repeat(
-    make_tl: MakeTimeline, gaps: list[float], counts: list[int]
-) -> None:
+def test_summary_itl_per_token_matches_repeat(make_tl: MakeTimeline, gaps: list[float], counts: list[int]) -> None:
     ts = np.cumsum(gaps).tolist()
     used = counts[: len(ts)]
     tl = make_tl("h", 0.0, tokens=ts, counts=used, finished=ts[-1])

@@ -76,9 +76,7 @@ def test_bad_timestamps(stamp: str) -> None:
         ("2023-11-16 18:17:04,1", None, "row has 2 cells"),
     ],
 )
-def test_bad_row_names_file_line_field(
-    write_file: WriteFile, row: str, field: str | None, fragment: str
-) -> None:
+def test_bad_row_names_file_line_field(write_file: WriteFile, row: str, field: str | None, fragment: str) -> None:
     path = write_file("az.csv", HEADER + "2023-11-16 18:17:03,1,1\r\n" + row + "\r\n")
     with pytest.raises(TraceError) as info:
         import_azure_csv(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ NEW_HEADER = "id,arrival,prompt_tokens,output_tokens,max_tokens,prefix_group,pre
         ("B,1,2,3,2,,,,", "max_tokens", ">= the output tokens (3)"),
         ("B,1,2,3,4.0,,,,", "max_tokens", "integer"),
         ("B,1,2,3,,g,3,,", "prefix_tokens", "<= the prompt tokens (2)"),
-        ("B,1,2,3,,,1,,", "prefix_tokens", "no prefix group"),
+        ("B,1,2,3,,,1,,", "prefix_tokens", "0 without a prefix group"),
         ("B,1,2,3,,g,-1,,", "prefix_tokens", ">= 0"),
         ("B,1,2,3,,,,0.5,", "cancel_at", ">= the arrival"),
         ("B,1,2,3,,,,inf,", "cancel_at", "number"),
@@ -93,9 +94,7 @@ def test_bad_new_column_names_file_line_field(write_file: WriteFile, row: str, f
         ("B,5,2,3,4", "deadline", ">= the arrival"),
     ],
 )
-def test_bad_row_names_file_line_field(
-    write_file: WriteFile, row: str, field: str | None, fragment: str
-) -> None:
+def test_bad_row_names_file_line_field(write_file: WriteFile, row: str, field: str | None, fragment: str) -> None:
     path = write_file("bad.csv", f"{HEADER}\nA,0,1,1,\n{row}\n")
     with pytest.raises(TraceError) as info:
         load_csv(path)
@@ -126,9 +125,7 @@ def test_duplicate_id(write_file: WriteFile) -> None:
     assert_located(info.value, path, None, None)
 
 
-@pytest.mark.parametrize(
-    ("text", "fragment"), [("", "empty file"), ("arrival,prompt_tokens,output_tokens\n", "empty")]
-)
+@pytest.mark.parametrize(("text", "fragment"), [("", "empty file"), ("arrival,prompt_tokens,output_tokens\n", "empty")])
 def test_empty(write_file: WriteFile, text: str, fragment: str) -> None:
     path = write_file("empty.csv", text)
     with pytest.raises(TraceError, match=fragment) as info:
@@ -166,14 +163,14 @@ def test_write_csv_writes_used_columns_only(tmp_path: Path) -> None:
     path = tmp_path / "out.csv"
     write_csv(Trace(name="t", requests=requests, time_unit="s", source="test"), path)
     assert path.read_bytes().decode("utf-8") == (
-        "id,arrival,prompt_tokens,output_tokens,tenant,cancel_at\r\nA,0,4,5,,\r\n\"B,quoted\",1.5,2,2,t,2\r\n"
+        'id,arrival,prompt_tokens,output_tokens,tenant,cancel_at\r\nA,0,4,5,,\r\n"B,quoted",1.5,2,2,t,2\r\n'
     )
     assert load_csv(path).requests == requests
 
 
 @pytest.mark.parametrize(("field", "value"), [("request_id", " A"), ("tenant", "t "), ("prefix_group", "\tg")])
 def test_write_csv_refuses_blanks_it_cannot_keep(tmp_path: Path, field: str, value: str) -> None:
-    request = TraceRequest(**{"request_id": "A", "arrival_ts": 0.0, "num_prompt_tokens": 1, "num_output_tokens": 1, field: value})
+    request = dataclasses.replace(TraceRequest("A", 0.0, 1, 1), **{field: value})  # type: ignore[arg-type]
     trace = Trace(name="t", requests=(request,), time_unit="s", source="test")
     with pytest.raises(ValueError, match="surrounding blanks"):
         write_csv(trace, tmp_path / "out.csv")

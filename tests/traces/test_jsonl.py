@@ -61,7 +61,7 @@ ROW = '"id": "A", "arrival": 1, "prompt_tokens": 4, "output_tokens": 5'
         ("{" + ROW + ', "id": "B"}', "id", "twice"),
         ("{" + ROW + ', "max_tokens": 4}', "max_tokens", ">= the output tokens (5)"),
         ("{" + ROW + ', "max_tokens": 4.5}', "max_tokens", "integer"),
-        ("{" + ROW + ', "prefix_tokens": 2}', "prefix_tokens", "no prefix group"),
+        ("{" + ROW + ', "prefix_tokens": 2}', "prefix_tokens", "0 without a prefix group"),
         ("{" + ROW + ', "prefix_group": "g", "prefix_tokens": 5}', "prefix_tokens", "<= the prompt tokens (4)"),
         ("{" + ROW + ', "prefix_group": ""}', "prefix_group", "non-empty"),
         ("{" + ROW + ', "cancel_at": 0.5}', "cancel_at", ">= the arrival"),
@@ -164,11 +164,12 @@ def test_round_trip_through_file(write_file: WriteFile, tmp_path: Path) -> None:
     assert load_jsonl(tmp_path / "out.jsonl").requests == original.requests
 
 
+_text = st.text(min_size=1, max_size=12)
+
+
 @settings(max_examples=150, deadline=None)
-@given(requests=st.lists(trace_requests(st.text(min_size=1, max_size=12)), min_size=1, max_size=20, unique_by=lambda r: r.request_id))
-def test_write_load_round_trip(
-    tmp_path_factory: pytest.TempPathFactory, requests: list[TraceRequest]
-) -> None:
+@given(requests=st.lists(trace_requests(_text), min_size=1, max_size=20, unique_by=lambda r: r.request_id))
+def test_write_load_round_trip(tmp_path_factory: pytest.TempPathFactory, requests: list[TraceRequest]) -> None:
     trace = Trace(name="random", requests=tuple(requests), time_unit="s", source="hypothesis")
     path = tmp_path_factory.mktemp("rt") / "random.jsonl"
     write_jsonl(trace, path)

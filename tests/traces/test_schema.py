@@ -59,7 +59,7 @@ def test_request_is_frozen() -> None:
         ({"prefix_group": "g", "prefix_tokens": 1.0}, "prefix_tokens", "integer"),
         ({"prefix_group": "g", "prefix_tokens": None}, "prefix_tokens", "integer"),
         ({"prefix_group": "g", "prefix_tokens": 2}, "prefix_tokens", "<= the prompt tokens (1)"),
-        ({"prefix_tokens": 1}, "prefix_tokens", "no prefix group"),
+        ({"prefix_tokens": 1}, "prefix_tokens", "0 without a prefix group"),
         ({"arrival_ts": 2.0, "cancel_ts": 1.5}, "cancel_ts", ">= the arrival"),
         ({"cancel_ts": math.nan}, "cancel_ts", "finite"),
         ({"cancel_ts": "3"}, "cancel_ts", "number"),

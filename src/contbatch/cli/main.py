@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from contbatch import __version__
-from contbatch.cli.options import UsageError, add_run_flags, resolve
+from contbatch.cli.options import UsageError, add_run_flags, add_vary_flags, resolve
 from contbatch.cli.report import run_all, to_document, to_json, to_text, write_out_dir
 from contbatch.sim.loop import SimulationStalled
 
@@ -35,15 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run several schedulers on the same trace, cost model and config; print one table.",
     )
     compare.add_argument(
-        "--schedulers", default="static,continuous", help="comma-separated scheduler names (default: static,continuous)"
+        "--schedulers",
+        help="comma-separated scheduler names (default: static,continuous; with --vary or --admission: continuous)",
     )
     add_run_flags(compare)
+    add_vary_flags(compare)
     return parser
 
 
 def _scheduler_names(args: argparse.Namespace) -> tuple[str, ...]:
     if args.command == "simulate":
         return (args.scheduler,)
+    if args.schedulers is None:
+        return ("continuous",) if args.vary or args.admission else ("static", "continuous")
     return tuple(n.strip() for n in args.schedulers.split(",") if n.strip())
 
 

@@ -25,14 +25,24 @@ class UsageError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Variant:
+    """One column of a comparison: a scheduler and its config."""
+
+    label: str
+    scheduler: str
+    config: SchedulerConfig
+
+
+@dataclass(frozen=True, slots=True)
 class RunOptions:
     trace: Trace
     cost_spec: str
     cost: CostModel
     preset: str
-    config: SchedulerConfig
-    schedulers: tuple[str, ...]
+    config: SchedulerConfig  # the shared config, before any --vary
+    variants: tuple[Variant, ...]
     slo: SLO | None
+    acceptance_rate: float
     as_json: bool
     out_dir: Path | None
     per_request: bool  # print / embed per-request TTFT, TPOT and completion
@@ -55,7 +65,15 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="scheduler config field, e.g. max_num_batched_tokens=4096, max_num_seqs=none, skip_blocked=true",
+        help="scheduler config field, e.g. max_num_batched_tokens=4096, max_num_seqs=none, kv.num_blocks=2048, "
+        "kv=none (no memory limit), batch_buckets=1/2/4/8",
+    )
+    parser.add_argument(
+        "--spec-acceptance",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="speculative decoding: probability that each draft token is accepted (default 1.0)",
     )
     parser.add_argument("--slo", help="latency objectives for goodput, e.g. ttft=2,tpot=0.1,e2e=30 (clock unit)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -68,19 +86,34 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_vary_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--vary",
+        metavar="KEY=V1,V2,...",
+        help="one column per value of a scheduler config field, e.g. kv.preemption=recompute,swap",
+    )
+    parser.add_argument(
+        "--admission", metavar="MODES", help="shorthand for --vary kv.admission=MODES (reserve,optimistic,estimate)"
+    )
+
+
 def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions:
     cost = _cost(args.cost)
     preset = args.preset or ("seed" if isinstance(cost, UnitCost) else "engine")
     trace = _trace(args.trace, cost.time_unit)
     per_request = {"on": True, "off": False}.get(args.per_request, len(trace) <= 64)
+    config = _config(preset, cost, args.overrides)
+    if not 0.0 <= args.spec_acceptance <= 1.0:
+        raise UsageError(f"--spec-acceptance must be in [0, 1], got {args.spec_acceptance}")
     return RunOptions(
         trace=trace,
         cost_spec=args.cost,
         cost=cost,
         preset=preset,
-        config=_config(preset, cost, args.overrides),
-        schedulers=_schedulers(schedulers),
+        config=config,
+        variants=_variants(_schedulers(schedulers), config, _vary_spec(args)),
         slo=_slo(args.slo) if args.slo else None,
+        acceptance_rate=args.spec_acceptance,
         as_json=args.json,
         out_dir=args.out,
         per_request=per_request,
@@ -112,13 +145,31 @@ def _config(preset: str, cost: CostModel, overrides: list[str]) -> SchedulerConf
     values: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
-        values[key.strip().replace("-", "_")] = _literal(raw.strip())
+        _put(values, key, _literal(raw.strip()))
+    return _apply(base, values, "--set")
+
+
+def _put(values: dict[str, Any], key: str, value: object) -> None:
+    """`kv.num_blocks=8` goes to values["kv"]["num_blocks"]."""
+    parts = key.strip().replace("-", "_").split(".")
+    if len(parts) > 2 or not all(parts):
+        raise UsageError(f"bad config key {key!r}: expected FIELD or kv.FIELD")
+    if len(parts) == 2:
+        nested = values.setdefault(parts[0], {})
+        if not isinstance(nested, dict):
+            raise UsageError(f"config key {key!r} conflicts with {parts[0]}={nested!r}")
+        nested[parts[1]] = value
+    else:
+        values[parts[0]] = value
+
+
+def _apply(base: SchedulerConfig, values: dict[str, Any], flag: str) -> SchedulerConfig:
     try:
         return SchedulerConfig.from_dict(values, base=base)
     except ConfigError as exc:
-        raise UsageError(f"--set: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _literal(raw: str) -> object:
@@ -127,10 +178,49 @@ def _literal(raw: str) -> object:
         return lowered == "true"
     if lowered in ("none", "null"):
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        return raw
+    if "/" in raw:
+        return tuple(_literal(part) for part in raw.split("/") if part)
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _vary_spec(args: argparse.Namespace) -> tuple[str, list[str]] | None:
+    spec = getattr(args, "vary", None)
+    if getattr(args, "admission", None):
+        if spec:
+            raise UsageError("--admission and --vary cannot be combined")
+        spec = f"kv.admission={args.admission}"
+    if not spec:
+        return None
+    key, sep, raw = spec.partition("=")
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not sep or not key.strip() or not values:
+        raise UsageError(f"--vary {spec!r}: expected KEY=V1,V2,...")
+    if len(set(values)) != len(values):
+        raise UsageError(f"--vary {spec!r}: values repeat")
+    return key.strip(), values
+
+
+def _variants(
+    schedulers: tuple[str, ...], config: SchedulerConfig, vary: tuple[str, list[str]] | None
+) -> tuple[Variant, ...]:
+    if vary is None:
+        return tuple(Variant(name, name, config) for name in schedulers)
+    key, values = vary
+    variants = []
+    for name in schedulers:
+        for raw in values:
+            change: dict[str, Any] = {}
+            _put(change, key, _literal(raw))
+            if key.startswith("kv.") and config.kv is None:
+                raise UsageError(f"--vary {key}: the config has no KV cache (kv=none); set kv.num_blocks first")
+            label = raw if len(schedulers) == 1 else f"{name}/{raw}"
+            variants.append(Variant(label, name, _apply(config, change, "--vary")))
+    return tuple(variants)
 
 
 def _schedulers(names: tuple[str, ...]) -> tuple[str, ...]:

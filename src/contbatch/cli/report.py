@@ -35,11 +35,12 @@ class Outcome:
 
 def run_all(opts: RunOptions) -> dict[str, Outcome]:
     outcomes: dict[str, Outcome] = {}
-    for name in opts.schedulers:
-        sim = simulate(opts.trace, make_scheduler(name, opts.config), opts.cost)
+    for variant in opts.variants:
+        scheduler = make_scheduler(variant.scheduler, variant.config)
+        sim = simulate(opts.trace, scheduler, opts.cost, acceptance_rate=opts.acceptance_rate)
         summary = summarize(sim.timelines, time_unit=sim.time_unit, padding_tokens=sim.padding_tokens, slo=opts.slo)
-        summary["num_steps"] = sim.num_steps
-        outcomes[name] = Outcome(sim, summary)
+        summary.update(sim.run_stats())
+        outcomes[variant.label] = Outcome(sim, summary)
     return outcomes
 
 
@@ -70,6 +71,9 @@ def to_document(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> dict[str, 
         "cost": opts.cost_spec,
         "preset": opts.preset,
         "scheduler_config": dataclasses.asdict(opts.config),
+        "variants": {
+            v.label: {"scheduler": v.scheduler, "config": dataclasses.asdict(v.config)} for v in opts.variants
+        },
         "slo": None if opts.slo is None else opts.slo.as_dict(),
         "results": results,
     }

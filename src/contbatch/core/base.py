@@ -2,9 +2,10 @@
 
 A subclass supplies `schedule(now)`. Invariants kept here:
 - `requests` holds exactly the unfinished requests; each is in `waiting` or in `running`, never
-  both; a request leaves `requests` in the same call that finishes it;
-- `update` applies a step's result only to requests still unfinished (one cancelled while its
-  step ran keeps its timeline, its tokens from that step are dropped);
+  both; a request leaves `requests` in the same call that finishes it, and its KV blocks are
+  released in that call;
+- `update` applies a step's result only to requests still running (one cancelled while its
+  step ran keeps its timeline; its tokens from that step are dropped, counted as unsent);
 - a request finishes once, with one reason, and its id is reported in the next output's
   `finished_ids` so the executor frees what it holds for it.
 """
@@ -14,13 +15,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from contbatch.core.config import SchedulerConfig
+from contbatch.core.memory import Memory
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
 from contbatch.core.queue import WaitingQueue
 from contbatch.core.request import Request
+from contbatch.core.stats import SchedulerStats
 from contbatch.core.status import FinishReason, RequestStatus
 
 
 class SchedulerBase(ABC):
+    name = "base"
+
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.requests: dict[str, Request] = {}
@@ -28,9 +33,16 @@ class SchedulerBase(ABC):
         self.running: list[Request] = []
         self.last_output: SchedulerOutput | None = None
         self.num_finished = 0
+        self.stats = SchedulerStats()
+        self.memory = Memory(config.kv, self.stats) if config.kv is not None else None
         self._step_id = 0
         self._finished_since_output: list[str] = []
         self._max_seqs = config.max_num_seqs if config.max_num_seqs is not None else 1 << 62
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use (0.0 without a memory limit)."""
+        return self.memory.kv.usage if self.memory is not None else 0.0
 
     # -- the three calls ---------------------------------------------------------------------
     @abstractmethod
@@ -43,13 +55,49 @@ class SchedulerBase(ABC):
             request = self.requests.get(chunk.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # finished (cancelled) while its step ran; its id may even be reused
-            request.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            if chunk.is_prefill:
+                self._advance_prefill(request, chunk)
             if chunk.samples:
                 self._apply_sample(request, chunk, result, now, done)
         self._apply_executor_finishes(out, result, now, done)
         if done:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
         return done
+
+    def _advance_prefill(self, request: Request, chunk: ScheduledChunk) -> None:
+        end = chunk.start + chunk.num_new_tokens
+        if request.recompute_until > chunk.start:
+            self.stats.num_recomputed_tokens += min(end, request.recompute_until) - chunk.start
+        request.num_computed_tokens = end
+        if self.memory is not None and self.memory.config.enable_prefix_caching:
+            self.memory.cache_prompt_blocks(request)
+
+    def _apply_sample(
+        self, request: Request, chunk: ScheduledChunk, result: StepResult, now: float, done: list[Request]
+    ) -> None:
+        token_ids = result.sampled_token_ids.get(chunk.request_id)
+        if not token_ids:
+            raise ValueError(f"step {chunk.request_id!r}: the step result holds no sampled token for it")
+        if not chunk.is_prefill:
+            self._advance_decode(request, chunk, len(token_ids))
+        room = request.max_output_tokens - request.num_output_tokens
+        request.append_output(tuple(token_ids[:room]), now)
+        if chunk.request_id in result.finished:
+            return  # the executor's reason (stop, error) wins over length
+        if request.num_output_tokens >= request.max_output_tokens:
+            self._finish(request, FinishReason.LENGTH, now)
+            done.append(request)
+
+    def _advance_decode(self, request: Request, chunk: ScheduledChunk, num_sampled: int) -> None:
+        """A decode chunk feeds the newest token plus drafts; `num_sampled` - 1 drafts were
+        accepted, so that many positions after the newest token keep their KV."""
+        num_accepted = min(num_sampled, chunk.num_new_tokens)
+        request.num_computed_tokens = chunk.start + num_accepted
+        if chunk.num_new_tokens > 1:  # speculative: the rejected drafts' KV is rolled back
+            self.stats.num_draft_tokens += chunk.num_new_tokens - 1
+            self.stats.num_accepted_draft_tokens += num_accepted - 1
+            if self.memory is not None:
+                self.memory.roll_back(request)
 
     def _apply_executor_finishes(
         self, out: SchedulerOutput, result: StepResult, now: float, done: list[Request]
@@ -65,20 +113,6 @@ class SchedulerBase(ABC):
                 self._finish(request, reason, now)
                 done.append(request)
 
-    def _apply_sample(
-        self, request: Request, chunk: ScheduledChunk, result: StepResult, now: float, done: list[Request]
-    ) -> None:
-        token_ids = result.sampled_token_ids.get(chunk.request_id)
-        if not token_ids:
-            raise ValueError(f"step {chunk.request_id!r}: the step result holds no sampled token for it")
-        room = request.max_output_tokens - request.num_output_tokens
-        request.append_output(tuple(token_ids[:room]), now)
-        if chunk.request_id in result.finished:
-            return  # the executor's reason (stop, error) wins over length
-        if request.num_output_tokens >= request.max_output_tokens:
-            self._finish(request, FinishReason.LENGTH, now)
-            done.append(request)
-
     # -- lifecycle ---------------------------------------------------------------------------
     def add_request(self, request: Request, now: float) -> bool:
         """Queue `request`, or finish it at once as REJECTED; True when queued."""
@@ -87,23 +121,30 @@ class SchedulerBase(ABC):
         if request.status is not RequestStatus.WAITING:
             raise ValueError(f"request {request.request_id!r} is {request.status.value}, not new")
         self.requests[request.request_id] = request
-        reason = self.rejection_reason(request)
+        kind, reason = self.rejection(request)
         if reason:
+            self.stats.reject(kind)
             self._finish(request, FinishReason.REJECTED, now, reason)
             return False
         self.waiting.push(request)
         return True
 
-    def rejection_reason(self, request: Request) -> str:
-        """Why `request` can never run under this configuration; empty when it can."""
+    def rejection(self, request: Request) -> tuple[str, str]:
+        """(kind, reason) when `request` can never run under this configuration; ("", "") when
+        it can."""
         limit = self.config.max_model_len
         total = request.num_prompt_tokens + request.max_output_tokens
         if limit is not None and total > limit:
-            return f"prompt + max output = {total} tokens exceeds max_model_len {limit}"
-        return ""
+            return "max_model_len", f"prompt + max output = {total} tokens exceeds max_model_len {limit}"
+        if self.memory is not None:
+            reason = self.memory.never_fits(request)
+            if reason:
+                return "kv_capacity", reason
+        return "", ""
 
     def cancel(self, request_id: str, now: float, reason: FinishReason = FinishReason.CANCELLED) -> bool:
-        """Finish an unfinished request at once (waiting or running); False if unknown or done."""
+        """Finish an unfinished request at once (waiting or running) and free its KV blocks;
+        False if unknown or done."""
         request = self.requests.get(request_id)
         if request is None:
             return False
@@ -118,6 +159,8 @@ class SchedulerBase(ABC):
     def _finish(self, request: Request, reason: FinishReason, now: float, detail: str = "") -> None:
         request.finish(reason, now, detail)
         del self.requests[request.request_id]
+        if self.memory is not None:
+            self.memory.release(request)
         self.num_finished += 1
         self._finished_since_output.append(request.request_id)
 

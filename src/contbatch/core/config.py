@@ -1,18 +1,23 @@
-"""The scheduler's configuration: one frozen dataclass, built from a plain dict or a preset.
+"""The scheduler's configuration: two small frozen dataclasses, built from plain dicts or presets.
+
+`SchedulerConfig` holds the per-step budgets and the order rules; `KVConfig` (its `kv` field, or
+None for no memory limit) holds the paged-KV budget and what happens when it runs out.
 
 Presets:
 - `seed`: the teaching model of the contbatch specification. The prefill step computes only the
   prompt and samples nothing; the first output token comes from the first decode step after it.
   A prompt must fit the step's token budget whole (no chunking) and a waiting request that does
-  not fit is skipped, so smaller ones behind it may still run. No sequence limit.
+  not fit is skipped, so smaller ones behind it may still run. No sequence or memory limit.
 - `engine`: a real engine (vLLM-like). The step that completes the prompt samples the first
-  output token; long prompts are chunked under the token budget; queue order is kept strictly
-  (a blocked head blocks the requests behind it).
+  output token; long prompts are chunked under the token budget; queue order is strict; a paged
+  KV cache of 6,144 blocks of 16 tokens (98,304 tokens: about what a 7B fp16 model leaves free
+  on an 80 GB GPU) with optimistic admission and preemption by recompute of the newest request.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,44 +27,133 @@ class ConfigError(ValueError):
     """A configuration value or name is invalid; the message names the field."""
 
 
+ADMISSION_MODES = ("reserve", "optimistic", "estimate")
+PREEMPTION_MODES = ("recompute", "swap")
+VICTIM_CHOICES = ("newest", "lowest_priority", "fewest_generated")
+
+
+@dataclass(frozen=True, slots=True)
+class KVConfig:
+    block_size: int = 16  # tokens per block
+    num_blocks: int = 6144  # device blocks
+    num_host_blocks: int = 0  # host blocks for swapping; when full, swap falls back to recompute
+    watermark: float = 0.01  # optimistic/estimate admission keeps this fraction of blocks free
+    enable_prefix_caching: bool = False  # reuse full prompt blocks with equal hashes
+    # reserve: prompt + max output reserved at admission, never preempts (TensorRT-LLM, TGI);
+    # optimistic: only the scheduled chunk must fit, running requests grow and may be preempted (vLLM);
+    # estimate: admit against an estimate of future growth (SGLang's new-token ratio)
+    admission: str = "optimistic"
+    preemption: str = "recompute"  # recompute (drop the KV) or swap (park it in host blocks)
+    victim: str = "newest"  # newest admitted, lowest priority (largest value), fewest generated tokens
+    max_preemptions: int | None = None  # a request preempted this often is a victim only as a last resort
+    estimate_init_ratio: float = 0.7  # estimate: expected fraction of the remaining output still to come
+    estimate_min_ratio: float = 0.1  # ... the floor it decays to
+    estimate_decay: float = 0.001  # ... decrease per step
+    estimate_bump: float = 0.3  # ... increase after a step that preempted (capped at 1)
+
+    def __post_init__(self) -> None:
+        _require_int("kv.block_size", self.block_size, minimum=1)
+        _require_int("kv.num_blocks", self.num_blocks, minimum=1)
+        _require_int("kv.num_host_blocks", self.num_host_blocks, minimum=0)
+        if self.max_preemptions is not None:
+            _require_int("kv.max_preemptions", self.max_preemptions, minimum=1)
+        _require_bool("kv.enable_prefix_caching", self.enable_prefix_caching)
+        _require_choice("kv.admission", self.admission, ADMISSION_MODES)
+        _require_choice("kv.preemption", self.preemption, PREEMPTION_MODES)
+        _require_choice("kv.victim", self.victim, VICTIM_CHOICES)
+        for name in ("watermark", "estimate_init_ratio", "estimate_min_ratio", "estimate_decay", "estimate_bump"):
+            _require_fraction(f"kv.{name}", getattr(self, name))
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # token budget of one step (prefill + decode tokens)
     max_num_seqs: int | None = 256  # running requests at most; None: no limit
+    max_model_len: int | None = None  # prompt + output tokens at most; None: no limit
     sample_on_prefill: bool = True  # the step that completes a prompt samples the first token
     chunked_prefill: bool = True  # a prompt may be split across steps under the token budget
+    max_prefill_tokens_per_request: int | None = None  # cap on one request's prefill chunk (chunked only)
+    max_partial_prefills: int | None = None  # cap on requests holding a partial prefill at once
+    prefill_first: bool = False  # prefills take the budget before decodes (False: decodes first, stall-free)
     skip_blocked: bool = False  # a waiting request that does not fit lets later ones pass
-    max_model_len: int | None = None  # prompt + output tokens at most; None: no limit
+    max_skip_age: float | None = None  # ... unless it has waited this long (clock units); None: no limit
+    batch_buckets: tuple[int, ...] = ()  # allowed step sizes in tokens (CUDA-graph captures); () = none
+    num_speculative_tokens: int = 0  # draft tokens verified per decode step (engine semantics only)
+    kv: KVConfig | None = None  # paged-KV memory; None: unlimited
 
     def __post_init__(self) -> None:
-        _require_positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        if self.max_num_seqs is not None:
-            _require_positive("max_num_seqs", self.max_num_seqs)
-        if self.max_model_len is not None:
-            _require_positive("max_model_len", self.max_model_len)
-        for name in ("sample_on_prefill", "chunked_prefill", "skip_blocked"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"scheduler config: {name} must be true or false")
+        _require_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        for name in ("max_num_seqs", "max_model_len", "max_prefill_tokens_per_request", "max_partial_prefills"):
+            if getattr(self, name) is not None:
+                _require_int(name, getattr(self, name), minimum=1)
+        _require_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
+        for name in ("sample_on_prefill", "chunked_prefill", "prefill_first", "skip_blocked"):
+            _require_bool(name, getattr(self, name))
+        if self.max_skip_age is not None and not _is_number(self.max_skip_age, minimum=0.0):
+            raise ConfigError(f"scheduler config: max_skip_age must be a number >= 0, got {self.max_skip_age!r}")
+        self._check_buckets()
+        if self.kv is not None and not isinstance(self.kv, KVConfig):
+            raise ConfigError(f"scheduler config: kv must be a KVConfig or None, got {self.kv!r}")
+        if self.num_speculative_tokens and not self.sample_on_prefill:
+            raise ConfigError("scheduler config: num_speculative_tokens needs sample_on_prefill (engine semantics)")
+
+    def _check_buckets(self) -> None:
+        buckets = self.batch_buckets
+        if not isinstance(buckets, tuple) or not all(isinstance(b, int) and b >= 1 for b in buckets):
+            raise ConfigError(f"scheduler config: batch_buckets must be positive integers, got {buckets!r}")
+        if list(buckets) != sorted(set(buckets)):
+            raise ConfigError(f"scheduler config: batch_buckets must be strictly increasing, got {buckets!r}")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], *, base: SchedulerConfig | None = None) -> SchedulerConfig:
-        """`base` (default: the engine preset) with `values` replacing its fields; unknown keys
-        and bad values raise ConfigError naming the field."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(
-                f"scheduler config: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-            )
-        try:
-            return dataclasses.replace(base if base is not None else cls(), **values)
-        except TypeError as exc:
-            raise ConfigError(f"scheduler config: {exc}") from exc
+        """`base` (default: `SchedulerConfig()`) with `values` replacing its fields. `kv` may be
+        None, a KVConfig, or a dict of KVConfig fields applied over the base's KV config (or the
+        defaults). Unknown keys and bad values raise ConfigError naming the field."""
+        base = base if base is not None else cls()
+        values = dict(values)
+        if isinstance(values.get("kv"), Mapping):
+            values["kv"] = _replace(KVConfig, base.kv or KVConfig(), values["kv"], prefix="kv.")
+        if isinstance(values.get("batch_buckets"), list):
+            values["batch_buckets"] = tuple(values["batch_buckets"])
+        config: SchedulerConfig = _replace(cls, base, values, prefix="")
+        return config
 
 
-def _require_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"scheduler config: {name} must be a positive integer, got {value!r}")
+def _replace(cls: type[Any], base: Any, values: Mapping[str, Any], *, prefix: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        names = ", ".join(prefix + u for u in unknown)
+        raise ConfigError(f"scheduler config: unknown field(s) {names}; known: {', '.join(sorted(known))}")
+    try:
+        return dataclasses.replace(base, **values)
+    except TypeError as exc:
+        raise ConfigError(f"scheduler config: {exc}") from exc
+
+
+def _is_number(value: object, *, minimum: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"scheduler config: {name} must be {kind}, got {value!r}")
+
+
+def _require_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"scheduler config: {name} must be true or false, got {value!r}")
+
+
+def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"scheduler config: {name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _require_fraction(name: str, value: object) -> None:
+    if not _is_number(value, minimum=0.0) or float(value) > 1.0:  # type: ignore[arg-type]
+        raise ConfigError(f"scheduler config: {name} must be a number in [0, 1], got {value!r}")
 
 
 def seed_config(token_budget: int = 8) -> SchedulerConfig:
@@ -74,7 +168,7 @@ def seed_config(token_budget: int = 8) -> SchedulerConfig:
 
 PRESETS: dict[str, SchedulerConfig] = {
     "seed": seed_config(),
-    "engine": SchedulerConfig(),
+    "engine": SchedulerConfig(kv=KVConfig()),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from contbatch.core.base import SchedulerBase
 from contbatch.core.scheduler import ContinuousScheduler
+from contbatch.core.static import StaticScheduler
 from contbatch.core.status import RequestStatus
 
 
@@ -24,6 +25,28 @@ def check_invariants(scheduler: SchedulerBase) -> None:
     _check_membership(scheduler)
     _check_requests(scheduler)
     _check_last_output(scheduler)
+    if scheduler.memory is not None:
+        _check_memory(scheduler)
+
+
+def _check_memory(s: SchedulerBase) -> None:
+    """Between steps a running request holds exactly the blocks its computed tokens need (its
+    whole reservation under `reserve`); nobody else holds device blocks; with no unfinished
+    request every block is free."""
+    assert s.memory is not None
+    kv = s.memory.kv
+    kv.check_invariants()
+    reserve = s.memory.config.admission == "reserve" or isinstance(s, StaticScheduler)
+    for r in s.running:
+        tokens = r.num_prompt_tokens + r.max_output_tokens if reserve else r.num_computed_tokens
+        held = kv.num_held_blocks(r.request_id)
+        _require(held == kv.num_blocks_for(tokens), f"{r.request_id!r} holds {held} blocks for {tokens} tokens")
+    for r in s.waiting:
+        _require(kv.num_held_blocks(r.request_id) == 0, f"waiting {r.request_id!r} holds device blocks")
+        if kv.is_swapped(r.request_id):
+            _require(r.num_computed_tokens > 0, f"swapped {r.request_id!r} has nothing computed")
+    if not s.requests:
+        _require(kv.num_used_blocks == 0, f"{kv.num_used_blocks} blocks still used with no request left")
 
 
 def _check_membership(s: SchedulerBase) -> None:

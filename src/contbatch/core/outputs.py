@@ -38,6 +38,15 @@ class SchedulerOutput:
     num_padding_tokens: int = 0  # token-work computed for no request (static padding, idle slots)
     preempted_ids: tuple[str, ...] = ()  # requests preempted by this schedule() call
     finished_ids: tuple[str, ...] = ()  # requests finished since the previous step; resources freed
+    # (request id, device block ids) whose KV moves to host memory before this step (then freed)
+    swapped_out: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # (request id, new device block ids) whose KV moves back from host memory before this step
+    swapped_in: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def num_swapped_blocks(self) -> int:
+        """Blocks moved between device and host memory for this step (either direction)."""
+        return sum(len(ids) for _, ids in self.swapped_out) + sum(len(ids) for _, ids in self.swapped_in)
 
     @property
     def is_empty(self) -> bool:
@@ -55,6 +64,8 @@ def build_output(
     num_padding_tokens: int = 0,
     preempted_ids: tuple[str, ...] = (),
     finished_ids: tuple[str, ...] = (),
+    swapped_out: tuple[tuple[str, tuple[int, ...]], ...] = (),
+    swapped_in: tuple[tuple[str, tuple[int, ...]], ...] = (),
 ) -> SchedulerOutput:
     """A `SchedulerOutput` whose totals are derived from `chunks` (so they cannot disagree)."""
     batched = prefill = context = 0
@@ -73,6 +84,8 @@ def build_output(
         num_padding_tokens=num_padding_tokens,
         preempted_ids=preempted_ids,
         finished_ids=finished_ids,
+        swapped_out=swapped_out,
+        swapped_in=swapped_in,
     )
 
 

@@ -19,6 +19,7 @@ from contbatch.core.timeline import Timeline
 
 class Request:
     __slots__ = (
+        "block_hashes",
         "deadline_ts",
         "finish_detail",
         "finish_reason",
@@ -29,6 +30,7 @@ class Request:
         "num_prompt_tokens",
         "output_token_ids",
         "priority",
+        "recompute_until",
         "request_id",
         "status",
         "tenant",
@@ -45,6 +47,7 @@ class Request:
         priority: int = 0,
         tenant: str | None = None,
         deadline_ts: float | None = None,
+        block_hashes: tuple[int, ...] = (),
     ) -> None:
         if num_prompt_tokens < 1:
             raise ValueError(f"request {request_id!r}: num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
@@ -61,6 +64,8 @@ class Request:
         self.num_output_tokens = 0
         self.output_token_ids: list[int] = []
         self.num_preemptions = 0
+        self.block_hashes = block_hashes  # one hash per full prompt block, for prefix caching
+        self.recompute_until = 0  # positions below this were computed before a recompute preemption
         self.finish_reason: FinishReason | None = None
         self.finish_detail = ""  # why, in words, for REJECTED / ERROR / TIMEOUT
         self.timeline = Timeline(request_id, arrival_ts, num_prompt_tokens, tenant=tenant, priority=priority)
@@ -103,6 +108,7 @@ class Request:
         self.status = RequestStatus.PREEMPTED
         self.num_preemptions += 1
         if not keep_computed:
+            self.recompute_until = max(self.recompute_until, self.num_computed_tokens)
             self.num_computed_tokens = 0
 
     def finish(self, reason: FinishReason, now: float, detail: str = "") -> None:

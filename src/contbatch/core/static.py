@@ -5,7 +5,9 @@ order, and computes their prompts in one step, each padded to the longest (the p
 token-work for no request). Every later step decodes one token for each unfinished member;
 a finished member's slot stays in the batch, idle, and counts as one padding token per step
 (the batch barrier). New arrivals wait for the whole batch to end. No token budget applies:
-the executor's cost model prices the padded step, however large.
+the executor's cost model prices the padded step, however large. With a KV budget each member
+reserves its prompt plus output limit when the batch forms (a batch is as large as fits), so a
+static batch never preempts.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class StaticScheduler(SchedulerBase):
     def _form_batch(self, now: float) -> list[Request]:
         batch: list[Request] = []
         for request in self.waiting:
-            if len(batch) >= self._max_seqs:
+            if len(batch) >= self._max_seqs or not self._reserve(request):
                 break
             batch.append(request)
         self.waiting.remove(batch)
@@ -48,6 +50,12 @@ class StaticScheduler(SchedulerBase):
             request.admit(now)
         self.running = list(batch)
         return batch
+
+    def _reserve(self, request: Request) -> bool:
+        if self.memory is None:
+            return True
+        tokens = request.num_prompt_tokens + request.max_output_tokens
+        return self.memory.kv.allocate(request.request_id, tokens).granted
 
     def _prompt_padding(self) -> int:
         if not self.batch:

@@ -43,6 +43,19 @@ _ROWS: tuple[tuple[str, str, bool], ...] = (
     ("goodput (req/{unit})", "goodput", False),
     ("goodput (tok/{unit})", "goodput_tokens", False),
     ("SLO attainment", "slo_attainment", False),
+    # run-level figures from the scheduler (present in simulator results)
+    ("mean KV usage (fraction)", "kv_usage_mean", False),
+    ("max KV usage (fraction)", "kv_usage_max", False),
+    ("preemptions", "num_preemptions", False),
+    ("  by recompute", "num_recompute_preemptions", False),
+    ("  by swap", "num_swap_outs", False),
+    ("recomputed tokens", "num_recomputed_tokens", False),
+    ("swapped blocks out", "num_swapped_out_blocks", False),
+    ("swapped blocks in", "num_swapped_in_blocks", False),
+    ("prefix cache hit rate", "prefix_hit_rate", False),
+    ("prefill tokens saved", "num_prefix_hit_tokens", False),
+    ("bucket padding (tokens)", "num_bucket_padding_tokens", False),
+    ("draft acceptance rate", "draft_acceptance_rate", False),
 )
 
 
@@ -73,10 +86,8 @@ def _time_unit(summaries: Mapping[str, Mapping[str, object]]) -> str:
 
 
 def _present(key: str, summaries: Mapping[str, Mapping[str, object]]) -> bool:
-    values = [s.get(key) for s in summaries.values()]
-    if key == "unsent_waste":
-        return any(v not in (None, 0) for v in values)
-    return any(v is not None for v in values)
+    """An optional row shows when some run has a non-zero value for it."""
+    return any(s.get(key) not in (None, 0) for s in summaries.values())
 
 
 def _reason_rows(summaries: Mapping[str, Mapping[str, object]]) -> list[tuple[str, list[str]]]:
@@ -99,7 +110,14 @@ def _rows(summaries: Mapping[str, Mapping[str, object]]) -> list[tuple[str, list
         key = key_template.format(**names)
         if always or _present(key, summaries):
             rows.append((label.format(**names), [format_number(s.get(key)) for s in summaries.values()]))
-    return rows + _reason_rows(summaries)
+    return rows + _reason_rows(summaries) + _rejection_rows(summaries)
+
+
+def _rejection_rows(summaries: Mapping[str, Mapping[str, object]]) -> list[tuple[str, list[str]]]:
+    found = [s.get("rejections") for s in summaries.values()]
+    counts = [dict(f) if isinstance(f, Mapping) else {} for f in found]
+    kinds = sorted({kind for c in counts for kind in c})
+    return [(f"rejected: {kind}", [format_number(c.get(kind, 0)) for c in counts]) for kind in kinds]
 
 
 def _render(header: list[str], rows: list[tuple[str, list[str]]]) -> str:

@@ -100,9 +100,7 @@ def _check(tl: Timeline) -> tuple[float, FinishReason]:
         raise ValueError(f"request {rid!r}: every TOKENS emission needs at least one token")
     num_sched, num_pre = len(tl.scheduled_ts), len(tl.preempted_ts)
     if not num_pre <= num_sched <= num_pre + 1:
-        raise ValueError(
-            f"request {rid!r}: {num_sched} SCHEDULED events cannot pair with {num_pre} PREEMPTED events"
-        )
+        raise ValueError(f"request {rid!r}: {num_sched} SCHEDULED events cannot pair with {num_pre} PREEMPTED events")
     return tl.finished_ts, tl.finish_reason
 
 

@@ -9,6 +9,10 @@ Events are arrivals and step ends. Arrivals are handed to the scheduler at the f
 boundary at or after their time (a running step is never interrupted); their timelines keep
 the trace's arrival time. When nothing can run, the clock jumps to the next arrival.
 
+The simulated requests reserve for the trace's output limit (`max_tokens`) and stop at its
+output length (`contbatch.sim.executor`). With a KV budget, requests of one prefix group share
+the hashes of their common full prompt blocks, so prefix caching can reuse them.
+
 Invariants: the clock never goes back; a run ends only when every trace request has finished,
 with exactly one reason; a scheduler that makes no progress with work pending raises
 `SimulationStalled` instead of looping.
@@ -17,16 +21,15 @@ with exactly one reason; a scheduler that makes no progress with work pending ra
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.request import Request
 from contbatch.core.timeline import Timeline
 from contbatch.sim.cost import CostModel
+from contbatch.sim.executor import DUMMY_TOKEN_ID, SimExecutor
 from contbatch.traces import Trace, TraceRequest
-
-DUMMY_TOKEN_ID = 0  # the simulator samples no real tokens
 
 
 class SimulationStalled(RuntimeError):
@@ -41,62 +44,117 @@ class SimResult:
     num_steps: int
     padding_tokens: int  # token-work computed for no request, over the whole run
     busy_time: float  # sum of step times (the makespan minus idle gaps)
+    kv_usage_mean: float = 0.0  # fraction of KV blocks in use, weighted by step time
+    kv_usage_max: float = 0.0
+    scheduler_stats: dict[str, object] = field(default_factory=dict)  # SchedulerStats.as_dict()
+
+    def run_stats(self) -> dict[str, object]:
+        """Step-level figures timelines cannot show, JSON-ready."""
+        return {
+            "num_steps": self.num_steps,
+            "busy_time": self.busy_time,
+            "kv_usage_mean": self.kv_usage_mean,
+            "kv_usage_max": self.kv_usage_max,
+            **self.scheduler_stats,
+        }
 
 
 def execute(out: SchedulerOutput) -> StepResult:
-    """The simulator's executor: one dummy token for every chunk that samples."""
+    """The simplest executor: one dummy token for every chunk that samples, never a stop."""
     return StepResult(sampled_token_ids={c.request_id: (DUMMY_TOKEN_ID,) for c in out.chunks if c.samples})
 
 
-def make_request(spec: TraceRequest) -> Request:
+def block_hashes(spec: TraceRequest, block_size: int) -> tuple[int, ...]:
+    """One hash per full prompt block: shared within a prefix group for blocks wholly inside the
+    shared prefix, unique to the request otherwise."""
+    num_shared = spec.prefix_tokens // block_size if spec.prefix_group is not None else 0
+    return tuple(
+        hash(("prefix", spec.prefix_group, i)) if i < num_shared else hash(("own", spec.request_id, i))
+        for i in range(spec.num_prompt_tokens // block_size)
+    )
+
+
+def make_request(spec: TraceRequest, block_size: int | None = None) -> Request:
     return Request(
         spec.request_id,
         spec.arrival_ts,
         spec.num_prompt_tokens,
-        spec.num_output_tokens,
+        spec.output_limit,
         priority=spec.priority,
         tenant=spec.tenant,
         deadline_ts=spec.deadline_ts,
+        block_hashes=block_hashes(spec, block_size) if block_size else (),
     )
 
 
 StepHook = Callable[[SchedulerBase, SchedulerOutput, float], None]
 
 
-def simulate(trace: Trace, scheduler: SchedulerBase, cost: CostModel, *, on_step: StepHook | None = None) -> SimResult:
-    """Replay `trace` through `scheduler`, pricing steps with `cost`; `on_step(scheduler, out,
-    now)` runs after every update (tests check invariants there)."""
+@dataclass(slots=True)
+class _Clock:
+    """The loop's running totals."""
+
+    now: float
+    num_steps: int = 0
+    padding: int = 0
+    busy: float = 0.0
+    kv_area: float = 0.0
+    kv_max: float = 0.0
+
+    def step(self, out: SchedulerOutput, duration: float, kv_usage: float) -> None:
+        self.now += duration
+        self.busy += duration
+        self.num_steps += 1
+        self.padding += out.num_padding_tokens
+        self.kv_area += kv_usage * duration
+        self.kv_max = max(self.kv_max, kv_usage)
+
+
+def simulate(
+    trace: Trace,
+    scheduler: SchedulerBase,
+    cost: CostModel,
+    *,
+    acceptance_rate: float = 1.0,
+    seed: int = 0,
+    on_step: StepHook | None = None,
+) -> SimResult:
+    """Replay `trace` through `scheduler`, pricing steps with `cost`. Speculative drafts are
+    accepted with `acceptance_rate` (draws seeded by `seed`). `on_step(scheduler, out, now)`
+    runs after every update (tests check invariants there)."""
     pending = trace.requests
-    requests = [make_request(spec) for spec in pending]
-    now = pending[0].arrival_ts if pending else 0.0
-    next_arrival = num_steps = padding = 0
-    busy = 0.0
+    kv = scheduler.config.kv
+    requests = [make_request(spec, kv.block_size if kv is not None else None) for spec in pending]
+    stops = {s.request_id: s.num_output_tokens for s in pending if s.num_output_tokens < s.output_limit}
+    executor = SimExecutor(stops, acceptance_rate=acceptance_rate, seed=seed)
+    clock = _Clock(pending[0].arrival_ts if pending else 0.0)
+    next_arrival = 0
     while True:
-        while next_arrival < len(requests) and pending[next_arrival].arrival_ts <= now:
-            scheduler.add_request(requests[next_arrival], now)
+        while next_arrival < len(requests) and pending[next_arrival].arrival_ts <= clock.now:
+            scheduler.add_request(requests[next_arrival], clock.now)
             next_arrival += 1
-        out = scheduler.schedule(now) if scheduler.has_unfinished() else None
+        out = scheduler.schedule(clock.now) if scheduler.has_unfinished() else None
         if out is None or out.is_empty:
             if next_arrival == len(requests):
                 if scheduler.has_unfinished():
-                    raise SimulationStalled(f"{type(scheduler).__name__} scheduled nothing at {now} with work pending")
+                    raise SimulationStalled(f"{scheduler.name} scheduled nothing at {clock.now} with work pending")
                 break
-            now = max(now, pending[next_arrival].arrival_ts)
+            clock.now = max(clock.now, pending[next_arrival].arrival_ts)
             continue
-        result = execute(out)
-        duration = cost.step_time(out)
-        now += duration
-        busy += duration
-        num_steps += 1
-        padding += out.num_padding_tokens
-        scheduler.update(out, result, now)
+        result = executor.execute(out)
+        clock.step(out, cost.step_time(out), scheduler.kv_usage)
+        scheduler.update(out, result, clock.now)
         if on_step is not None:
-            on_step(scheduler, out, now)
+            on_step(scheduler, out, clock.now)
+    makespan_busy = clock.busy or 1.0
     return SimResult(
-        scheduler=getattr(scheduler, "name", type(scheduler).__name__),
+        scheduler=scheduler.name,
         time_unit=cost.time_unit,
         timelines=tuple(r.timeline for r in requests),
-        num_steps=num_steps,
-        padding_tokens=padding,
-        busy_time=busy,
+        num_steps=clock.num_steps,
+        padding_tokens=clock.padding,
+        busy_time=clock.busy,
+        kv_usage_mean=clock.kv_area / makespan_busy,
+        kv_usage_max=clock.kv_max,
+        scheduler_stats=scheduler.stats.as_dict(),
     )

@@ -90,9 +90,7 @@ def csv_records(text: str, label: str) -> list[tuple[int, list[str]]]:
         raise TraceError(f"malformed CSV: {exc}", file=label, line=reader.line_num) from None
 
 
-def check_header(
-    header: Sequence[str], where: Where, *, allowed: Sequence[str], required: Sequence[str]
-) -> None:
+def check_header(header: Sequence[str], where: Where, *, allowed: Sequence[str], required: Sequence[str]) -> None:
     """Reject unknown, repeated and missing columns, naming the column."""
     seen: set[str] = set()
     for column in header:
@@ -143,7 +141,5 @@ def assemble_trace(
     for line, request in located:
         previous = first_line.setdefault(request.request_id, line)
         if previous != line:
-            raise TraceError(
-                f"duplicate id {request.request_id!r} on lines {previous} and {line}", file=label
-            )
+            raise TraceError(f"duplicate id {request.request_id!r} on lines {previous} and {line}", file=label)
     return Trace(name=name, requests=tuple(r for _, r in located), time_unit=time_unit, source=source)

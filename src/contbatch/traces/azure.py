@@ -86,9 +86,7 @@ def parse_azure_csv(text: str, label: str, *, name: str, time_unit: str, source:
     return assemble_trace(label, located, name=name, time_unit=time_unit, source=source)
 
 
-def _parse_row(
-    header: list[str], cells: list[str], where: Where, request_id: str
-) -> tuple[int, TraceRequest]:
+def _parse_row(header: list[str], cells: list[str], where: Where, request_id: str) -> tuple[int, TraceRequest]:
     if len(cells) != len(header):
         raise where.error(f"row has {len(cells)} cells, header has {len(header)}")
     row = dict(zip(header, cells, strict=True))
@@ -98,9 +96,7 @@ def _parse_row(
     try:
         timestamp_ns = parse_timestamp_ns(row["TIMESTAMP"])
     except ValueError:
-        raise where.error(
-            f"not a timestamp like '{_EXAMPLE}', got {row['TIMESTAMP']!r}", "TIMESTAMP"
-        ) from None
+        raise where.error(f"not a timestamp like '{_EXAMPLE}', got {row['TIMESTAMP']!r}", "TIMESTAMP") from None
     values = {
         "request_id": request_id,
         "arrival_ts": 0.0,  # set once the origin is known; the row is validated now, in file order

@@ -54,9 +54,7 @@ _WRITTEN_ALWAYS = ("id", *REQUIRED_COLUMNS)
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 
-def load_csv(
-    path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None
-) -> Trace:
+def load_csv(path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None) -> Trace:
     """Load a canonical CSV trace; the name defaults to the file stem."""
     label = os.fspath(path)
     check_time_unit(time_unit, label)
@@ -75,9 +73,7 @@ def parse_canonical_csv(text: str, label: str, *, name: str, time_unit: str, sou
     if not records:
         raise TraceError("empty file: no header", file=label)
     header_line, header = records[0]
-    check_header(
-        header, Where(label, header_line), allowed=tuple(CANONICAL_FIELDS), required=REQUIRED_COLUMNS
-    )
+    check_header(header, Where(label, header_line), allowed=tuple(CANONICAL_FIELDS), required=REQUIRED_COLUMNS)
     located: list[tuple[int, TraceRequest]] = []
     for line, cells in records[1:]:
         if any(cells):

@@ -41,9 +41,7 @@ from contbatch.traces._common import (
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
 
 
-def load_jsonl(
-    path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None
-) -> Trace:
+def load_jsonl(path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None) -> Trace:
     """Load a canonical JSONL trace; the name defaults to the file stem."""
     label = os.fspath(path)
     check_time_unit(time_unit, label)

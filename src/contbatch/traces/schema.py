@@ -121,10 +121,7 @@ class TraceRequest:
             return
         _check_int("max_output_tokens", self.max_output_tokens, minimum=1)
         if self.max_output_tokens < self.num_output_tokens:
-            problem = (
-                f"must be >= the output tokens ({self.num_output_tokens}) or absent, "
-                f"got {self.max_output_tokens}"
-            )
+            problem = f"must be >= the output tokens ({self.num_output_tokens}) or absent, got {self.max_output_tokens}"
             raise RequestValueError("max_output_tokens", problem)
 
     def _check_prefix(self) -> None:
@@ -134,7 +131,7 @@ class TraceRequest:
             problem = f"must be <= the prompt tokens ({self.num_prompt_tokens}), got {self.prefix_tokens}"
             raise RequestValueError("prefix_tokens", problem)
         if self.prefix_tokens > 0 and self.prefix_group is None:
-            raise RequestValueError("prefix_tokens", f"is {self.prefix_tokens} but no prefix group is given")
+            raise RequestValueError("prefix_tokens", f"must be 0 without a prefix group, got {self.prefix_tokens}")
 
 
 def _check_text(field: str, value: object, *, optional: bool) -> None:

@@ -1,0 +1,146 @@
+"""The KV memory budget of one scheduler: admission modes, growth, preemption, prefix reuse.
+
+Wraps a `KVCacheManager` (block accounting) with the policy choices of `KVConfig`:
+
+- `reserve`: admission allocates blocks for prompt + output limit at once; a running request
+  never needs another block, so nothing is ever preempted.
+- `optimistic`: admission needs only the first chunk's blocks, above a watermark; running
+  requests grow block by block and, when the pool is empty, someone is preempted.
+- `estimate`: like optimistic, but admission also keeps room for the expected growth of every
+  running request and of the newcomer: ratio x (output limit - outputs so far). The ratio
+  decays each step towards a floor and jumps up after a step that preempted (SGLang's
+  new-token ratio).
+
+A request preempted by recompute is re-admitted only when the blocks for everything it knew
+(prompt and outputs so far) fit above the watermark, not just its next chunk: admitting it on
+one chunk would squeeze it out again at once (the preemption loop).
+
+Invariants: a request holds blocks only while RUNNING or swapped out; every allocation is
+all-or-nothing, so a refused admission changes nothing; a request that could never fit (its
+prompt plus output limit needs more blocks than the pool has) is rejected up front instead of
+deadlocking the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from contbatch.core.config import KVConfig
+from contbatch.core.kv import KVCacheManager
+from contbatch.core.outputs import ScheduledChunk
+from contbatch.core.request import Request
+from contbatch.core.stats import SchedulerStats
+
+
+class Memory:
+    def __init__(self, config: KVConfig, stats: SchedulerStats) -> None:
+        self.config = config
+        self.stats = stats
+        self.kv = KVCacheManager(
+            config.num_blocks,
+            config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            num_host_blocks=config.num_host_blocks if config.preemption == "swap" else 0,
+        )
+        self.watermark_blocks = 0 if config.admission == "reserve" else int(config.watermark * config.num_blocks)
+        self.ratio = config.estimate_init_ratio
+        self._future_blocks = 0  # estimate mode: growth kept free for the running requests this step
+
+    # -- admission ---------------------------------------------------------------------------
+    def never_fits(self, request: Request) -> str:
+        """Why `request` can never be held whole by the pool; empty when it can."""
+        need = self.kv.num_blocks_for(request.num_prompt_tokens + request.max_output_tokens)
+        if need > self.kv.num_blocks:
+            return (
+                f"needs {need} KV blocks at its full length ({request.num_prompt_tokens} prompt + "
+                f"{request.max_output_tokens} output tokens), the cache has {self.kv.num_blocks}"
+            )
+        return ""
+
+    def begin_step(self, running: Sequence[Request]) -> None:
+        if self.config.admission == "estimate":
+            self._future_blocks = sum(self._expected_growth(r) for r in running)
+
+    def end_step(self, preempted: bool) -> None:
+        cfg = self.config
+        if preempted:
+            self.ratio = min(1.0, self.ratio + cfg.estimate_bump)
+        else:
+            self.ratio = max(cfg.estimate_min_ratio, self.ratio - cfg.estimate_decay)
+
+    def _expected_growth(self, request: Request) -> int:
+        remaining = request.max_output_tokens - request.num_output_tokens
+        return self.kv.num_blocks_for(int(self.ratio * remaining + 0.5))
+
+    def prefix_hit_tokens(self, request: Request) -> int:
+        """Leading prompt tokens found in the prefix cache, at most prompt - 1 (one token must be
+        computed to sample from); 0 without prefix caching."""
+        if not self.config.enable_prefix_caching or not request.block_hashes:
+            return 0
+        hits = self.kv.match_prefix(request.block_hashes) * self.kv.block_size
+        return min(hits, request.num_prompt_tokens - 1)
+
+    def admit(self, request: Request, chunk: ScheduledChunk) -> tuple[int, ...] | None:
+        """Allocate for a waiting request about to run `chunk`. Returns the device blocks a
+        swapped-out request got back (empty tuple otherwise), or None when it does not fit (and
+        then nothing changed)."""
+        kv = self.kv
+        end = chunk.start + chunk.num_new_tokens
+        if kv.is_swapped(request.request_id):
+            return self._swap_in(request, end)
+        hold = request.num_prompt_tokens + request.max_output_tokens if self.config.admission == "reserve" else end
+        # thrash guard: a request preempted before comes back only when all it knew fits again
+        room = max(hold, request.num_known_tokens) if request.num_preemptions else hold
+        need = kv.num_blocks_for(room) - kv.match_prefix(request.block_hashes)
+        if self.config.admission == "estimate":
+            need += self._expected_growth(request)
+        if kv.num_free_blocks - max(need, 0) - self._future_blocks < self.watermark_blocks:
+            return None
+        if not kv.allocate(request.request_id, hold, block_hashes=request.block_hashes).granted:
+            return None
+        if self.config.admission == "estimate":
+            self._future_blocks += self._expected_growth(request)
+        return ()
+
+    def _swap_in(self, request: Request, end: int) -> tuple[int, ...] | None:
+        kv = self.kv
+        need = max(kv.num_blocks_for(end), kv.num_held_host_blocks(request.request_id))
+        if kv.num_free_blocks - need < self.watermark_blocks:
+            return None
+        grant = kv.swap_in(request.request_id)
+        kv.allocate(request.request_id, end)  # fits: checked above
+        self.stats.num_swap_ins += 1
+        self.stats.num_swapped_in_blocks += len(grant.new_block_ids)
+        return grant.new_block_ids
+
+    # -- running requests --------------------------------------------------------------------
+    def grow(self, request: Request, end: int) -> bool:
+        """Make a running request hold blocks for `end` tokens; False when the pool is short."""
+        return self.kv.allocate(request.request_id, end).granted
+
+    def preempt(self, request: Request) -> tuple[int, ...] | None:
+        """Release a preempted request's device blocks. With swap (and host room) its KV moves to
+        host memory: returns the device blocks to copy out. Otherwise recompute: returns None."""
+        stats = self.stats
+        stats.num_preemptions += 1
+        if self.config.preemption == "swap":
+            moved = self.kv.swap_out(request.request_id)
+            if moved.swapped:
+                stats.num_swap_outs += 1
+                stats.num_swapped_out_blocks += len(moved.device_block_ids)
+                return moved.device_block_ids
+        self.kv.free(request.request_id)
+        stats.num_recompute_preemptions += 1
+        return None
+
+    def cache_prompt_blocks(self, request: Request) -> None:
+        """Register the request's now-full prompt blocks for prefix reuse."""
+        self.kv.cache_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
+
+    def roll_back(self, request: Request) -> None:
+        """Give back blocks beyond `num_computed_tokens` (rejected speculative drafts)."""
+        if self.config.admission != "reserve":
+            self.kv.trim(request.request_id, request.num_computed_tokens)
+
+    def release(self, request: Request) -> None:
+        self.kv.free(request.request_id)

@@ -1,0 +1,43 @@
+"""`StepBuilder`: the step being assembled inside one `schedule()` call.
+
+Owns the token budget and the chunks chosen so far (by request id, in execution order), plus
+what the memory layer did (preemptions, swaps). Invariant: the budget's used tokens equal the
+sum of the chunks' tokens; `unschedule` refunds exactly what `add` consumed.
+"""
+
+from __future__ import annotations
+
+from contbatch.core.budget import TokenBudget
+from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
+
+
+class StepBuilder:
+    __slots__ = ("budget", "chunks", "num_new_partial_prefills", "preempted_ids", "swapped_in", "swapped_out")
+
+    def __init__(self, token_budget: int) -> None:
+        self.budget = TokenBudget(token_budget)
+        self.chunks: dict[str, ScheduledChunk] = {}
+        self.preempted_ids: list[str] = []
+        self.swapped_out: list[tuple[str, tuple[int, ...]]] = []
+        self.swapped_in: list[tuple[str, tuple[int, ...]]] = []
+        self.num_new_partial_prefills = 0
+
+    def add(self, chunk: ScheduledChunk) -> None:
+        """Record `chunk`; its tokens were already taken from the budget by the caller's plan."""
+        self.chunks[chunk.request_id] = chunk
+
+    def unschedule(self, request_id: str) -> None:
+        chunk = self.chunks.pop(request_id, None)
+        if chunk is not None:
+            self.budget.refund(chunk.num_new_tokens)
+
+    def build(self, step_id: int, *, num_padding_tokens: int, finished_ids: tuple[str, ...]) -> SchedulerOutput:
+        return build_output(
+            step_id,
+            list(self.chunks.values()),
+            num_padding_tokens=num_padding_tokens,
+            preempted_ids=tuple(self.preempted_ids),
+            finished_ids=finished_ids,
+            swapped_out=tuple(self.swapped_out),
+            swapped_in=tuple(self.swapped_in),
+        )

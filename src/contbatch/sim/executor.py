@@ -1,0 +1,57 @@
+"""The simulator's executor: what a model would return for a step, without a model.
+
+Token ids are dummies. A request stops (STOP) when it has produced its trace's output length
+before reaching its output limit (as an EOS would end it); at the limit the scheduler ends it
+(LENGTH). A decode chunk with k speculative drafts accepts each draft with probability
+`acceptance_rate`, in order, stopping at the first rejection, and always yields one more token:
+1 to k + 1 tokens. The random draws come from one seeded generator, so a run is reproducible.
+
+Invariant: the executor never emits more tokens for a request than its trace's output length
+(the scheduler cuts what exceeds the output limit).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from contbatch.core.outputs import SchedulerOutput, StepResult
+from contbatch.core.status import FinishReason
+
+DUMMY_TOKEN_ID = 0
+
+
+class SimExecutor:
+    def __init__(self, stop_lengths: Mapping[str, int], *, acceptance_rate: float = 1.0, seed: int = 0) -> None:
+        """`stop_lengths`: output lengths of the requests that stop before their output limit."""
+        if not 0.0 <= acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance_rate must be in [0, 1], got {acceptance_rate!r}")
+        self._remaining = dict(stop_lengths)
+        self._acceptance_rate = acceptance_rate
+        self._rng = random.Random(seed)
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        sampled: dict[str, tuple[int, ...]] = {}
+        finished: dict[str, FinishReason] = {}
+        for chunk in out.chunks:
+            if not chunk.samples:
+                continue
+            rid = chunk.request_id
+            num_tokens = 1 if chunk.is_prefill else self._accepted(chunk.num_new_tokens - 1) + 1
+            remaining = self._remaining.get(rid)
+            if remaining is not None:
+                num_tokens = min(num_tokens, remaining)
+                self._remaining[rid] = remaining - num_tokens
+                if remaining == num_tokens:
+                    finished[rid] = FinishReason.STOP
+            sampled[rid] = (DUMMY_TOKEN_ID,) * num_tokens
+        return StepResult(sampled_token_ids=sampled, finished=finished)
+
+    def _accepted(self, num_drafts: int) -> int:
+        if num_drafts == 0 or self._acceptance_rate == 1.0:
+            return num_drafts
+        rng, rate = self._rng, self._acceptance_rate
+        accepted = 0
+        while accepted < num_drafts and rng.random() < rate:
+            accepted += 1
+        return accepted
