@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument(
         "--schedulers",
-        help="comma-separated scheduler names (default: static,continuous; with --vary or --admission: continuous)",
+        help="comma-separated scheduler names (default: static,continuous; with --vary, --admission or --policy: "
+        "continuous)",
     )
     add_run_flags(compare)
     add_vary_flags(compare)
@@ -47,7 +48,8 @@ def _scheduler_names(args: argparse.Namespace) -> tuple[str, ...]:
     if args.command == "simulate":
         return (args.scheduler,)
     if args.schedulers is None:
-        return ("continuous",) if args.vary or args.admission else ("static", "continuous")
+        varied = args.vary or args.admission or args.policy
+        return ("continuous",) if varied else ("static", "continuous")
     return tuple(n.strip() for n in args.schedulers.split(",") if n.strip())
 
 

@@ -2,8 +2,8 @@
 
 `RunOptions` is everything a `simulate` or `compare` run needs, resolved and validated: the
 trace, the cost model, the scheduler config (a preset plus `--set` overrides), the scheduler
-names and the SLO. Any bad value raises `UsageError` with one line that names it; the CLI
-turns that into exit code 2.
+names, the SLO and which per-group results to add. Any bad value raises `UsageError` with one
+line that names it; the CLI turns that into exit code 2.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class RunOptions:
     as_json: bool
     out_dir: Path | None
     per_request: bool  # print / embed per-request TTFT, TPOT and completion
+    group_by: tuple[str, ...] = ()  # per-group results to add: "tenant" and/or "priority"
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +85,13 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="per-request TTFT/TPOT/completion in the output (auto: on for traces of at most 64 requests)",
     )
+    parser.add_argument(
+        "--by",
+        choices=("auto", "tenant", "priority", "none"),
+        default="auto",
+        help="per-group results after the main table and in JSON (auto: per tenant when the trace has more than "
+        "one tenant, per priority when it has more than one priority)",
+    )
 
 
 def add_vary_flags(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +103,7 @@ def add_vary_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admission", metavar="MODES", help="shorthand for --vary kv.admission=MODES (reserve,optimistic,estimate)"
     )
+    parser.add_argument("--policy", metavar="NAMES", help="shorthand for --vary queue_order=NAMES, e.g. fcfs,fair")
 
 
 def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions:
@@ -117,6 +126,7 @@ def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions
         as_json=args.json,
         out_dir=args.out,
         per_request=per_request,
+        group_by=_group_by(args.by, trace),
     )
 
 
@@ -188,20 +198,36 @@ def _literal(raw: str) -> object:
     return raw
 
 
+def _group_by(choice: str, trace: Trace) -> tuple[str, ...]:
+    """The group keys to report: as asked, or (auto) each key the trace has more than one value of."""
+    if choice == "none":
+        return ()
+    if choice != "auto":
+        return (choice,)
+    tenants = {r.tenant for r in trace.requests}
+    priorities = {r.priority for r in trace.requests}
+    return tuple(key for key, found in (("tenant", tenants), ("priority", priorities)) if len(found) > 1)
+
+
+# Shorthands for --vary: flag attribute -> the config key it varies.
+_VARY_SHORTHANDS: dict[str, str] = {"admission": "kv.admission", "policy": "queue_order"}
+
+
 def _vary_spec(args: argparse.Namespace) -> tuple[str, list[str]] | None:
-    spec = getattr(args, "vary", None)
-    if getattr(args, "admission", None):
-        if spec:
-            raise UsageError("--admission and --vary cannot be combined")
-        spec = f"kv.admission={args.admission}"
-    if not spec:
+    given = [name for name in (*_VARY_SHORTHANDS, "vary") if getattr(args, name, None)]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join('--' + name for name in given)} cannot be combined")
+    if not given:
         return None
+    flag = given[0]
+    spec = args.vary if flag == "vary" else f"{_VARY_SHORTHANDS[flag]}={getattr(args, flag)}"
+    shown = f"--{flag} {getattr(args, flag)!r}"
     key, sep, raw = spec.partition("=")
     values = [v.strip() for v in raw.split(",") if v.strip()]
     if not sep or not key.strip() or not values:
-        raise UsageError(f"--vary {spec!r}: expected KEY=V1,V2,...")
+        raise UsageError(f"{shown}: expected {'KEY=V1,V2,...' if flag == 'vary' else 'V1,V2,...'}")
     if len(set(values)) != len(values):
-        raise UsageError(f"--vary {spec!r}: values repeat")
+        raise UsageError(f"{shown}: values repeat")
     return key.strip(), values
 
 

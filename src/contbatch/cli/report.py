@@ -2,7 +2,8 @@
 
 Every scheduler of a comparison runs the same trace, cost model and config through the same
 simulator loop and the same metrics; the JSON document is deterministic (same inputs, same
-bytes).
+bytes). Per-group results (`RunOptions.group_by`) come from `summarize_by` over the same
+timelines and SLO: a table per key after the main one, ``by_tenant`` / ``by_priority`` in JSON.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from contbatch.cli.options import RunOptions
 from contbatch.core import make_scheduler
 from contbatch.metrics import (
     format_compare_table,
+    format_group_table,
     format_number,
     per_request_table,
     summarize,
+    summarize_by,
     write_requests_csv,
     write_requests_jsonl,
 )
@@ -31,6 +34,7 @@ UNIT_NAMES = {"s": "seconds", "tick": "ticks"}
 class Outcome:
     sim: SimResult
     summary: dict[str, object]
+    groups: dict[str, dict[str, dict[str, object]]]  # group key -> group value -> group summary
 
 
 def run_all(opts: RunOptions) -> dict[str, Outcome]:
@@ -40,7 +44,8 @@ def run_all(opts: RunOptions) -> dict[str, Outcome]:
         sim = simulate(opts.trace, scheduler, opts.cost, acceptance_rate=opts.acceptance_rate)
         summary = summarize(sim.timelines, time_unit=sim.time_unit, padding_tokens=sim.padding_tokens, slo=opts.slo)
         summary.update(sim.run_stats())
-        outcomes[variant.label] = Outcome(sim, summary)
+        groups = {key: summarize_by(sim.timelines, key, time_unit=sim.time_unit, slo=opts.slo) for key in opts.group_by}
+        outcomes[variant.label] = Outcome(sim, summary, groups)
     return outcomes
 
 
@@ -58,6 +63,7 @@ def to_document(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> dict[str, 
     results: dict[str, object] = {}
     for name, outcome in outcomes.items():
         entry = dict(outcome.summary)
+        entry.update({f"by_{key}": groups for key, groups in outcome.groups.items()})
         if opts.per_request:
             entry["per_request"] = per_request(outcome.sim)
         results[name] = entry
@@ -92,6 +98,8 @@ def to_text(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> str:
         "",
         format_compare_table({name: o.summary for name, o in outcomes.items()}),
     ]
+    for key in opts.group_by:
+        lines += [f"per {key}:", "", format_group_table({name: o.groups[key] for name, o in outcomes.items()}, key)]
     if opts.per_request:
         lines += [_per_request_text(outcomes)]
     return "\n".join(lines)

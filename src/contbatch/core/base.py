@@ -15,9 +15,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from contbatch.core.config import SchedulerConfig
+from contbatch.core.lifecycle import next_timer, timeout_reason
 from contbatch.core.memory import Memory
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
-from contbatch.core.queue import WaitingQueue
+from contbatch.core.queue import FairQueue, make_queue
 from contbatch.core.request import Request
 from contbatch.core.stats import SchedulerStats
 from contbatch.core.status import FinishReason, RequestStatus
@@ -29,7 +30,10 @@ class SchedulerBase(ABC):
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.requests: dict[str, Request] = {}
-        self.waiting = WaitingQueue()
+        self.waiting = make_queue(
+            config.queue_order, aging_rate=config.aging_rate, tenant_weights=config.tenants.weight_map
+        )
+        self._charges_service = isinstance(self.waiting, FairQueue)
         self.running: list[Request] = []
         self.last_output: SchedulerOutput | None = None
         self.num_finished = 0
@@ -54,7 +58,10 @@ class SchedulerBase(ABC):
         for chunk in out.chunks:
             request = self.requests.get(chunk.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # finished (cancelled) while its step ran; its id may even be reused
+                # finished (cancelled) while its step ran (its id may even be reused): whatever the
+                # step generated for it reaches nobody
+                self.stats.num_unsent_tokens += len(result.sampled_token_ids.get(chunk.request_id, ()))
+                continue
             if chunk.is_prefill:
                 self._advance_prefill(request, chunk)
             if chunk.samples:
@@ -81,7 +88,10 @@ class SchedulerBase(ABC):
         if not chunk.is_prefill:
             self._advance_decode(request, chunk, len(token_ids))
         room = request.max_output_tokens - request.num_output_tokens
-        request.append_output(tuple(token_ids[:room]), now)
+        kept = tuple(token_ids[:room])
+        request.append_output(kept, now)
+        if self._charges_service:
+            self.waiting.charge(request, len(kept))
         if chunk.request_id in result.finished:
             return  # the executor's reason (stop, error) wins over length
         if request.num_output_tokens >= request.max_output_tokens:
@@ -122,6 +132,9 @@ class SchedulerBase(ABC):
             raise ValueError(f"request {request.request_id!r} is {request.status.value}, not new")
         self.requests[request.request_id] = request
         kind, reason = self.rejection(request)
+        bound = self.config.lifecycle.max_waiting
+        if not reason and bound is not None and len(self.waiting) >= bound:
+            kind, reason = "queue_full", f"the waiting queue is full ({bound} requests)"
         if reason:
             self.stats.reject(kind)
             self._finish(request, FinishReason.REJECTED, now, reason)
@@ -142,22 +155,55 @@ class SchedulerBase(ABC):
                 return "kv_capacity", reason
         return "", ""
 
-    def cancel(self, request_id: str, now: float, reason: FinishReason = FinishReason.CANCELLED) -> bool:
+    def cancel(
+        self, request_id: str, now: float, reason: FinishReason = FinishReason.CANCELLED, *, detail: str = ""
+    ) -> bool:
         """Finish an unfinished request at once (waiting or running) and free its KV blocks;
         False if unknown or done."""
         request = self.requests.get(request_id)
         if request is None:
             return False
         was_running = request.status is RequestStatus.RUNNING
-        self._finish(request, reason, now)  # validates before anything moves
+        self._finish(request, reason, now, detail)  # validates before anything moves
         if was_running:
             self.running.remove(request)
         else:
             self.waiting.remove((request,))
         return True
 
+    def ack(self, request_id: str, num_tokens: int, now: float) -> None:
+        """The client took `num_tokens` more output tokens of `request_id` (streaming credits);
+        a paused request with room again resumes. Unknown or finished requests are ignored."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        request.num_sent_tokens = min(request.num_output_tokens, request.num_sent_tokens + num_tokens)
+        credits = self.config.lifecycle.output_credits
+        if credits is not None and request.num_unsent_tokens < credits:
+            self.stats.paused_time += request.resume(now)
+
+    def expire_timeouts(self, now: float) -> None:
+        """End every request past its ttft or request timeout at `now` with TIMEOUT."""
+        lifecycle = self.config.lifecycle
+        if lifecycle.ttft_timeout is None and lifecycle.request_timeout is None:
+            return
+        for request in list(self.requests.values()):
+            reason = timeout_reason(request, lifecycle, now)
+            if reason:
+                self.cancel(request.request_id, now, FinishReason.TIMEOUT, detail=reason)
+
+    def next_timer(self) -> float | None:
+        """The earliest time a timeout or a pause limit fires by itself (for an idle executor to
+        wake up at); None when nothing is timed."""
+        if not self.config.lifecycle.has_timeouts:
+            return None
+        return next_timer(self.requests.values(), self.config.lifecycle)
+
     def _finish(self, request: Request, reason: FinishReason, now: float, detail: str = "") -> None:
         request.finish(reason, now, detail)
+        self.stats.paused_time += request.resume(now)
+        if reason in (FinishReason.CANCELLED, FinishReason.TIMEOUT, FinishReason.ERROR):
+            self.stats.num_unsent_tokens += request.num_unsent_tokens
         del self.requests[request.request_id]
         if self.memory is not None:
             self.memory.release(request)

@@ -1,7 +1,9 @@
 """The scheduler's configuration: two small frozen dataclasses, built from plain dicts or presets.
 
 `SchedulerConfig` holds the per-step budgets and the order rules; `KVConfig` (its `kv` field, or
-None for no memory limit) holds the paged-KV budget and what happens when it runs out.
+None for no memory limit) holds the paged-KV budget and what happens when it runs out;
+`TenantConfig` (`tenants`) holds fair-share weights and per-tenant quotas; `LifecycleConfig`
+(`lifecycle`) holds timeouts, the waiting-queue bound and streaming backpressure.
 
 Presets:
 - `seed`: the teaching model of the contbatch specification. The prefill step computes only the
@@ -27,7 +29,34 @@ class ConfigError(ValueError):
     """A configuration value or name is invalid; the message names the field."""
 
 
+def _is_number(value: object, *, minimum: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"scheduler config: {name} must be {kind}, got {value!r}")
+
+
+def _require_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"scheduler config: {name} must be true or false, got {value!r}")
+
+
+def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"scheduler config: {name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _require_fraction(name: str, value: object) -> None:
+    if not _is_number(value, minimum=0.0) or float(value) > 1.0:  # type: ignore[arg-type]
+        raise ConfigError(f"scheduler config: {name} must be a number in [0, 1], got {value!r}")
+
+
 ADMISSION_MODES = ("reserve", "optimistic", "estimate")
+QUEUE_ORDERS = ("fcfs", "priority", "deadline", "aging", "fair")
+PAUSE_ACTIONS = ("preempt", "cancel")
 PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_CHOICES = ("newest", "lowest_priority", "fewest_generated")
 
@@ -66,6 +95,65 @@ class KVConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantConfig:
+    weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight) for `fair`; others weigh 1
+    max_running: int | None = None  # running requests per tenant at most
+    max_kv_blocks: int | None = None  # KV blocks a tenant's running requests may hold at admission
+
+    def __post_init__(self) -> None:
+        raw: Any = self.weights
+        if isinstance(raw, Mapping):
+            raw = tuple(sorted((str(k), v) for k, v in raw.items()))
+        elif isinstance(raw, str):
+            raw = (raw,)
+        if isinstance(raw, tuple):  # "name:weight" strings come from the command line
+            raw = tuple(_parse_weight(w) if isinstance(w, str) else w for w in raw)
+        object.__setattr__(self, "weights", raw)
+        for item in raw:
+            if not (isinstance(item, tuple) and len(item) == 2 and _is_number(item[1], minimum=0.0) and item[1] > 0):
+                raise ConfigError(f"scheduler config: tenants.weights entries must be (tenant, weight > 0): {item!r}")
+        for name in ("max_running", "max_kv_blocks"):
+            if getattr(self, name) is not None:
+                _require_int(f"tenants.{name}", getattr(self, name), minimum=1)
+
+    @property
+    def weight_map(self) -> dict[str, float]:
+        return dict(self.weights)
+
+
+def _parse_weight(text: str) -> tuple[str, float]:
+    name, sep, raw = text.rpartition(":")
+    try:
+        return (name, float(raw)) if sep and name else (text, float("nan"))
+    except ValueError:
+        raise ConfigError(f"scheduler config: tenants.weights entry {text!r} is not NAME:WEIGHT") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleConfig:
+    ttft_timeout: float | None = None  # a request with no output token this long after arrival times out
+    request_timeout: float | None = None  # a request unfinished this long after arrival times out
+    max_waiting: int | None = None  # a full waiting queue rejects new requests
+    output_credits: int | None = None  # tokens generated but not yet read by the client, at most
+    max_pause: float | None = None  # a request paused (credits exhausted) this long is ...
+    pause_action: str = "preempt"  # ... preempted (its KV freed) or cancelled
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_timeout", "request_timeout", "max_pause"):
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value, minimum=0.0) and value > 0):
+                raise ConfigError(f"scheduler config: lifecycle.{name} must be a number > 0, got {value!r}")
+        for name in ("max_waiting", "output_credits"):
+            if getattr(self, name) is not None:
+                _require_int(f"lifecycle.{name}", getattr(self, name), minimum=1)
+        _require_choice("lifecycle.pause_action", self.pause_action, PAUSE_ACTIONS)
+
+    @property
+    def has_timeouts(self) -> bool:
+        return self.ttft_timeout is not None or self.request_timeout is not None or self.max_pause is not None
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 8192  # token budget of one step (prefill + decode tokens)
     max_num_seqs: int | None = 256  # running requests at most; None: no limit
@@ -79,7 +167,12 @@ class SchedulerConfig:
     max_skip_age: float | None = None  # ... unless it has waited this long (clock units); None: no limit
     batch_buckets: tuple[int, ...] = ()  # allowed step sizes in tokens (CUDA-graph captures); () = none
     num_speculative_tokens: int = 0  # draft tokens verified per decode step (engine semantics only)
+    queue_order: str = "fcfs"  # fcfs, priority, deadline, aging, fair (see contbatch.core.queue)
+    aging_rate: float = 1.0  # aging: priority levels gained per clock unit of waiting
+    priority_preemption: int | None = None  # a waiting request whose priority value is this much lower preempts
     kv: KVConfig | None = None  # paged-KV memory; None: unlimited
+    tenants: TenantConfig = TenantConfig()
+    lifecycle: LifecycleConfig = LifecycleConfig()
 
     def __post_init__(self) -> None:
         _require_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
@@ -92,8 +185,15 @@ class SchedulerConfig:
         if self.max_skip_age is not None and not _is_number(self.max_skip_age, minimum=0.0):
             raise ConfigError(f"scheduler config: max_skip_age must be a number >= 0, got {self.max_skip_age!r}")
         self._check_buckets()
-        if self.kv is not None and not isinstance(self.kv, KVConfig):
-            raise ConfigError(f"scheduler config: kv must be a KVConfig or None, got {self.kv!r}")
+        _require_choice("queue_order", self.queue_order, QUEUE_ORDERS)
+        if not _is_number(self.aging_rate, minimum=0.0) or self.aging_rate <= 0:
+            raise ConfigError(f"scheduler config: aging_rate must be a number > 0, got {self.aging_rate!r}")
+        if self.priority_preemption is not None:
+            _require_int("priority_preemption", self.priority_preemption, minimum=1)
+        for name, cls in (("kv", KVConfig), ("tenants", TenantConfig), ("lifecycle", LifecycleConfig)):
+            value = getattr(self, name)
+            if not isinstance(value, cls) and not (name == "kv" and value is None):
+                raise ConfigError(f"scheduler config: {name} must be a {cls.__name__}, got {value!r}")
         if self.num_speculative_tokens and not self.sample_on_prefill:
             raise ConfigError("scheduler config: num_speculative_tokens needs sample_on_prefill (engine semantics)")
 
@@ -108,11 +208,16 @@ class SchedulerConfig:
     def from_dict(cls, values: Mapping[str, Any], *, base: SchedulerConfig | None = None) -> SchedulerConfig:
         """`base` (default: `SchedulerConfig()`) with `values` replacing its fields. `kv` may be
         None, a KVConfig, or a dict of KVConfig fields applied over the base's KV config (or the
-        defaults). Unknown keys and bad values raise ConfigError naming the field."""
+        defaults); `tenants` and `lifecycle` take dicts of their fields too. Unknown keys and bad
+        values raise ConfigError naming the field."""
         base = base if base is not None else cls()
         values = dict(values)
         if isinstance(values.get("kv"), Mapping):
             values["kv"] = _replace(KVConfig, base.kv or KVConfig(), values["kv"], prefix="kv.")
+        if isinstance(values.get("tenants"), Mapping):
+            values["tenants"] = _replace(TenantConfig, base.tenants, values["tenants"], prefix="tenants.")
+        if isinstance(values.get("lifecycle"), Mapping):
+            values["lifecycle"] = _replace(LifecycleConfig, base.lifecycle, values["lifecycle"], prefix="lifecycle.")
         if isinstance(values.get("batch_buckets"), list):
             values["batch_buckets"] = tuple(values["batch_buckets"])
         config: SchedulerConfig = _replace(cls, base, values, prefix="")
@@ -129,31 +234,6 @@ def _replace(cls: type[Any], base: Any, values: Mapping[str, Any], *, prefix: st
         return dataclasses.replace(base, **values)
     except TypeError as exc:
         raise ConfigError(f"scheduler config: {exc}") from exc
-
-
-def _is_number(value: object, *, minimum: float) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= minimum
-
-
-def _require_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ConfigError(f"scheduler config: {name} must be {kind}, got {value!r}")
-
-
-def _require_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"scheduler config: {name} must be true or false, got {value!r}")
-
-
-def _require_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"scheduler config: {name} must be one of {', '.join(choices)}, got {value!r}")
-
-
-def _require_fraction(name: str, value: object) -> None:
-    if not _is_number(value, minimum=0.0) or float(value) > 1.0:  # type: ignore[arg-type]
-        raise ConfigError(f"scheduler config: {name} must be a number in [0, 1], got {value!r}")
 
 
 def seed_config(token_budget: int = 8) -> SchedulerConfig:

@@ -1,19 +1,40 @@
-"""The waiting queue.
+"""Waiting-queue orders: which waiting request is offered to the scheduler next.
 
-Owns the order in which waiting requests are offered to the scheduler. FCFS by arrival, with
-preempted requests put back at the front (they already waited once). Invariant: a request id
-appears at most once.
+One narrow interface for every order: `push`, `push_front` (a preempted request going back),
+`remove`, `__iter__`/`__len__`, and `candidates(now)`, the requests in the order the policy
+offers them this step. `admitted` and `charge` let an order learn what the scheduler gave
+whom. Chosen by name (`SchedulerConfig.queue_order`):
+
+- `fcfs`: arrival order; preempted requests go back to the front.
+- `priority`: lower `priority` value first, ties by arrival.
+- `deadline`: earliest deadline first (no deadline: last), ties by arrival.
+- `aging`: effective priority = priority - aging_rate x time waited, lowest first. Since every
+  request ages at the same rate, this orders by priority + aging_rate x arrival, a key that never
+  changes: a request of priority p is overtaken only by requests arriving less than
+  (p - p') / aging_rate after it, so none waits unboundedly.
+- `fair`: virtual token counters per tenant (VTC, Sheng et al., OSDI 2024): a tenant is charged
+  for its prompt tokens at admission and each output token, divided by its weight; the next
+  candidate is the head of the backlogged tenant with the smallest counter. A tenant that
+  becomes backlogged starts no lower than the smallest counter of the backlogged tenants.
+
+Invariant: a request id appears at most once; `candidates` never yields a request twice.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from contbatch.core.request import Request
 
+QUEUE_ORDERS = ("fcfs", "priority", "deadline", "aging", "fair")
+
 
 class WaitingQueue:
+    """First come, first served."""
+
     __slots__ = ("_queue",)
 
     def __init__(self) -> None:
@@ -26,6 +47,9 @@ class WaitingQueue:
         return bool(self._queue)
 
     def __iter__(self) -> Iterator[Request]:
+        return iter(self._queue)
+
+    def candidates(self, now: float) -> Iterator[Request]:
         return iter(self._queue)
 
     def push(self, request: Request) -> None:
@@ -41,3 +65,127 @@ class WaitingQueue:
             gone.discard(id(self._queue.popleft()))
         if gone:
             self._queue = deque(r for r in self._queue if id(r) not in gone)
+
+    def admitted(self, request: Request) -> None:
+        """The scheduler admitted `request` (still in the queue until `remove`)."""
+
+    def charge(self, request: Request, num_tokens: int) -> None:
+        """`request` received `num_tokens` output tokens of service."""
+
+
+class KeyedQueue(WaitingQueue):
+    """Lowest key first; ties by arrival, then by insertion. Keys never change while queued."""
+
+    __slots__ = ("_entries", "_key", "_seq")
+
+    def __init__(self, key: Callable[[Request], float]) -> None:
+        super().__init__()
+        self._key = key
+        self._seq = itertools.count()
+        self._entries: list[tuple[float, float, int, Request]] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (entry[3] for entry in self._entries)
+
+    def candidates(self, now: float) -> Iterator[Request]:
+        return iter(self)
+
+    def push(self, request: Request) -> None:
+        bisect.insort(self._entries, (self._key(request), request.arrival_ts, next(self._seq), request))
+
+    push_front = push  # a preempted request keeps its key, and its early arrival wins ties
+
+    def remove(self, requests: Iterable[Request]) -> None:
+        gone = {id(r) for r in requests}
+        self._entries = [e for e in self._entries if id(e[3]) not in gone]
+
+
+class FairQueue(WaitingQueue):
+    """Per-tenant FIFO queues served by smallest virtual token counter."""
+
+    __slots__ = ("_counters", "_queues", "_weights")
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        super().__init__()
+        self._weights = dict(weights)
+        self._queues: dict[str | None, deque[Request]] = {}
+        self._counters: dict[str | None, float] = {}
+
+    @property
+    def counters(self) -> Mapping[str | None, float]:
+        return self._counters
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def __bool__(self) -> bool:
+        return any(self._queues.values())
+
+    def __iter__(self) -> Iterator[Request]:
+        return itertools.chain.from_iterable(self._queues.values())
+
+    def _weight(self, tenant: str | None) -> float:
+        return self._weights.get(tenant or "", 1.0)
+
+    def push(self, request: Request) -> None:
+        self._enqueue(request).append(request)
+
+    def push_front(self, request: Request) -> None:
+        self._enqueue(request).appendleft(request)
+
+    def _enqueue(self, request: Request) -> deque[Request]:
+        tenant = request.tenant
+        queue = self._queues.setdefault(tenant, deque())
+        if not queue:  # becoming backlogged: no credit for time spent idle
+            backlogged = [self._counters.get(t, 0.0) for t, q in self._queues.items() if q and t != tenant]
+            floor = min(backlogged) if backlogged else 0.0
+            self._counters[tenant] = max(self._counters.get(tenant, 0.0), floor)
+        return queue
+
+    def remove(self, requests: Iterable[Request]) -> None:
+        gone: dict[str | None, set[int]] = {}
+        for r in requests:
+            gone.setdefault(r.tenant, set()).add(id(r))
+        for tenant, ids in gone.items():
+            queue = self._queues[tenant]
+            self._queues[tenant] = deque(r for r in queue if id(r) not in ids)
+
+    def candidates(self, now: float) -> Iterator[Request]:
+        offered = {tenant: 0 for tenant in self._queues}
+        while True:
+            open_tenants = [t for t, q in self._queues.items() if offered[t] < len(q)]
+            if not open_tenants:
+                return
+            tenant = min(open_tenants, key=lambda t: (self._counters.get(t, 0.0), t or ""))
+            offered[tenant] += 1
+            yield self._queues[tenant][offered[tenant] - 1]
+
+    def admitted(self, request: Request) -> None:
+        if request.num_preemptions == 0:  # recomputing after a preemption is not new service
+            self._charge(request.tenant, request.num_prompt_tokens)
+
+    def charge(self, request: Request, num_tokens: int) -> None:
+        self._charge(request.tenant, num_tokens)
+
+    def _charge(self, tenant: str | None, num_tokens: int) -> None:
+        self._counters[tenant] = self._counters.get(tenant, 0.0) + num_tokens / self._weight(tenant)
+
+
+def make_queue(order: str, *, aging_rate: float, tenant_weights: Mapping[str, float]) -> WaitingQueue:
+    if order == "fcfs":
+        return WaitingQueue()
+    if order == "priority":
+        return KeyedQueue(lambda r: float(r.priority))
+    if order == "deadline":
+        return KeyedQueue(lambda r: r.deadline_ts if r.deadline_ts is not None else float("inf"))
+    if order == "aging":
+        return KeyedQueue(lambda r: r.priority + aging_rate * r.arrival_ts)
+    if order == "fair":
+        return FairQueue(tenant_weights)
+    raise ValueError(f"unknown queue order {order!r}; known: {', '.join(QUEUE_ORDERS)}")

@@ -28,7 +28,10 @@ class Request:
         "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "num_sent_tokens",
         "output_token_ids",
+        "paused_since",
+        "paused_time",
         "priority",
         "recompute_until",
         "request_id",
@@ -66,6 +69,9 @@ class Request:
         self.num_preemptions = 0
         self.block_hashes = block_hashes  # one hash per full prompt block, for prefix caching
         self.recompute_until = 0  # positions below this were computed before a recompute preemption
+        self.num_sent_tokens = 0  # output tokens the client has taken (acknowledged)
+        self.paused_since: float | None = None  # when its output credits ran out, while they are out
+        self.paused_time = 0.0  # total time spent paused
         self.finish_reason: FinishReason | None = None
         self.finish_detail = ""  # why, in words, for REJECTED / ERROR / TIMEOUT
         self.timeline = Timeline(request_id, arrival_ts, num_prompt_tokens, tenant=tenant, priority=priority)
@@ -117,6 +123,24 @@ class Request:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
         self.finish_detail = detail
+
+    @property
+    def num_unsent_tokens(self) -> int:
+        """Output tokens generated but not yet taken by the client."""
+        return self.num_output_tokens - self.num_sent_tokens
+
+    def pause(self, now: float) -> None:
+        if self.paused_since is None:
+            self.paused_since = now
+
+    def resume(self, now: float) -> float:
+        """End a pause; returns its length (0.0 when not paused)."""
+        if self.paused_since is None:
+            return 0.0
+        length = now - self.paused_since
+        self.paused_time += length
+        self.paused_since = None
+        return length
 
     def append_output(self, token_ids: tuple[int, ...], now: float) -> None:
         self.output_token_ids.extend(token_ids)

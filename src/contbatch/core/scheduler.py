@@ -20,6 +20,10 @@ The scheduling model, stated once:
   (no thrash). Waiting requests are admitted under the admission mode.
 - With `batch_buckets`, the step's token count is padded up to the next bucket; the padding is
   token-work for no request.
+- Lifecycle (`contbatch.core.lifecycle`): at the start of a step, requests past their timeouts
+  end with TIMEOUT and running requests paused too long (their client not reading) are
+  preempted or ended; a running request with no output credits left is paused, not scheduled.
+- Who is offered next, quotas and priority preemption live in `contbatch.core.admission`.
 - `update(out, result, now)` advances computed tokens, appends sampled tokens at `now` (the
   step's end) and finishes requests at their length or at the executor's stop/error.
 - The scheduler never reads a clock: `now` is always an argument.
@@ -33,20 +37,22 @@ from __future__ import annotations
 
 import bisect
 
-from contbatch.core.base import SchedulerBase
+from contbatch.core.admission import Admission
+from contbatch.core.lifecycle import paused_too_long
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
-from contbatch.core.plan import plan_chunk
 from contbatch.core.request import Request
-from contbatch.core.status import RequestStatus
+from contbatch.core.status import FinishReason, RequestStatus
 from contbatch.core.step import StepBuilder
 from contbatch.core.victims import choose_victim
 
 
-class ContinuousScheduler(SchedulerBase):
+class ContinuousScheduler(Admission):
     name = "continuous"
 
     def schedule(self, now: float) -> SchedulerOutput:
         step = StepBuilder(self.config.max_num_batched_tokens)
+        if self.config.lifecycle.has_timeouts:
+            self._expire(step, now)
         if self.memory is not None:
             self.memory.begin_step(self.running)
         if self.config.prefill_first:
@@ -74,18 +80,6 @@ class ContinuousScheduler(SchedulerBase):
             )
         return kind, reason
 
-    # -- planning ----------------------------------------------------------------------------
-    def _plan(self, request: Request, step: StepBuilder) -> ScheduledChunk | None:
-        config = self.config
-        return plan_chunk(
-            request,
-            step.budget.remaining,
-            sample_on_prefill=config.sample_on_prefill,
-            allow_split=config.chunked_prefill,
-            num_speculative_tokens=config.num_speculative_tokens,
-            max_prefill_tokens=config.max_prefill_tokens_per_request,
-        )
-
     def _bucket_padding(self, num_tokens: int) -> int:
         buckets = self.config.batch_buckets
         if not buckets or num_tokens == 0:
@@ -96,6 +90,23 @@ class ContinuousScheduler(SchedulerBase):
         self.stats.num_bucket_padding_tokens += buckets[i] - num_tokens
         return buckets[i] - num_tokens
 
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _expire(self, step: StepBuilder, now: float) -> None:
+        self.expire_timeouts(now)
+        lifecycle = self.config.lifecycle
+        for request in list(self.running):
+            if paused_too_long(request, lifecycle, now):
+                self._end_pause(request, step, now)
+
+    def _end_pause(self, request: Request, step: StepBuilder, now: float) -> None:
+        limit = self.config.lifecycle.max_pause
+        if self.config.lifecycle.pause_action == "cancel":
+            detail = f"the client read nothing for {limit:g} (max_pause)"
+            self.cancel(request.request_id, now, FinishReason.TIMEOUT, detail=detail)
+        else:
+            self._preempt(request, step, now)
+            self.stats.num_pause_preemptions += 1
+
     # -- running requests --------------------------------------------------------------------
     def _schedule_running(self, step: StepBuilder, now: float, *, prefills: bool | None) -> None:
         for request in list(self.running):  # a copy: preemption edits self.running
@@ -104,7 +115,11 @@ class ContinuousScheduler(SchedulerBase):
             if request.status is not RequestStatus.RUNNING or request.request_id in step.chunks:
                 continue
             chunk = self._plan(request, step)
-            if chunk is None or (prefills is not None and chunk.is_prefill != prefills):
+            if chunk is None:
+                if request.num_unsent_tokens and self.config.lifecycle.output_credits is not None:
+                    request.pause(now)  # its client has not read: no credits left
+                continue
+            if prefills is not None and chunk.is_prefill != prefills:
                 continue
             if self._reserve_memory(request, chunk, step, now):
                 step.budget.try_consume(chunk.num_new_tokens)
@@ -123,72 +138,3 @@ class ContinuousScheduler(SchedulerBase):
             if victim is request:
                 return False
         return True
-
-    def _preempt(self, victim: Request, step: StepBuilder, now: float) -> None:
-        assert self.memory is not None
-        step.unschedule(victim.request_id)
-        moved = self.memory.preempt(victim)
-        victim.preempt(now, keep_computed=moved is not None)
-        self.running.remove(victim)
-        self.waiting.push_front(victim)
-        step.preempted_ids.append(victim.request_id)
-        if moved is not None:
-            step.swapped_out.append((victim.request_id, moved))
-
-    # -- waiting requests --------------------------------------------------------------------
-    def _admit_waiting(self, step: StepBuilder, now: float) -> None:
-        if step.preempted_ids:
-            return  # no admissions in a step that preempted: no thrash
-        admitted: list[Request] = []
-        for request in self.waiting:
-            if step.budget.exhausted or len(self.running) + len(admitted) >= self._max_seqs:
-                break
-            if self._try_admit(request, step):
-                admitted.append(request)
-            elif not self._may_pass(request, now):
-                break
-        if admitted:
-            self.waiting.remove(admitted)
-            for request in admitted:
-                request.admit(now)
-            self.running.extend(admitted)
-
-    def _may_pass(self, blocked: Request, now: float) -> bool:
-        """Whether requests behind a blocked one may be admitted before it."""
-        age_limit = self.config.max_skip_age
-        return self.config.skip_blocked and (age_limit is None or now - blocked.arrival_ts < age_limit)
-
-    def _try_admit(self, request: Request, step: StepBuilder) -> bool:
-        start = request.num_computed_tokens
-        first_admission = start == 0 and request.num_preemptions == 0
-        if self.memory is not None and first_admission:
-            request.num_computed_tokens = self.memory.prefix_hit_tokens(request)
-        chunk = self._plan(request, step)
-        swapped_in = None if chunk is None else self._admission_memory(request, chunk, step)
-        if chunk is None or swapped_in is None:
-            request.num_computed_tokens = start  # refused: nothing changed
-            return False
-        if first_admission and self.memory is not None and self.memory.config.enable_prefix_caching:
-            self.stats.num_prefix_query_tokens += request.num_prompt_tokens
-            self.stats.num_prefix_hit_tokens += request.num_computed_tokens
-        if swapped_in:
-            step.swapped_in.append((request.request_id, swapped_in))
-        if self._is_partial(request, chunk):
-            step.num_new_partial_prefills += 1
-        step.budget.try_consume(chunk.num_new_tokens)
-        step.add(chunk)
-        return True
-
-    def _admission_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder) -> tuple[int, ...] | None:
-        """Device blocks a swapped-out request got back (empty tuple for others), or None when the
-        request may not start now: too many partial prefills, or its memory does not fit."""
-        cap = self.config.max_partial_prefills
-        if cap is not None and self._is_partial(request, chunk):
-            in_flight = sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
-            if in_flight + step.num_new_partial_prefills >= cap:
-                return None
-        return () if self.memory is None else self.memory.admit(request, chunk)
-
-    @staticmethod
-    def _is_partial(request: Request, chunk: ScheduledChunk) -> bool:
-        return chunk.start + chunk.num_new_tokens < request.num_prompt_tokens

@@ -27,6 +27,7 @@ class StaticScheduler(SchedulerBase):
         self.batch: list[Request] = []  # members of the batch in flight, finished ones included
 
     def schedule(self, now: float) -> SchedulerOutput:
+        self.expire_timeouts(now)
         if not self.running:
             self.batch = self._form_batch(now)
             padding = self._prompt_padding()
@@ -41,10 +42,11 @@ class StaticScheduler(SchedulerBase):
 
     def _form_batch(self, now: float) -> list[Request]:
         batch: list[Request] = []
-        for request in self.waiting:
+        for request in self.waiting.candidates(now):
             if len(batch) >= self._max_seqs or not self._reserve(request):
                 break
             batch.append(request)
+            self.waiting.admitted(request)
         self.waiting.remove(batch)
         for request in batch:
             request.admit(now)

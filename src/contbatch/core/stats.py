@@ -22,6 +22,10 @@ class SchedulerStats:
     num_bucket_padding_tokens: int = 0  # tokens added to reach a batch bucket
     num_draft_tokens: int = 0  # speculative draft tokens verified
     num_accepted_draft_tokens: int = 0  # ... of which accepted
+    num_unsent_tokens: int = 0  # generated but never taken: the request ended (cancel, timeout, error) first
+    num_priority_preemptions: int = 0  # preemptions in favour of a higher-priority waiting request
+    num_pause_preemptions: int = 0  # running requests preempted because their client stopped reading
+    paused_time: float = 0.0  # total time running requests spent paused by output credits
     rejections: dict[str, int] = field(default_factory=dict)  # reject kind -> count
 
     def reject(self, kind: str) -> None:

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 from contbatch.core.budget import TokenBudget
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
+from contbatch.core.request import Request
 
 
 class StepBuilder:
-    __slots__ = ("budget", "chunks", "num_new_partial_prefills", "preempted_ids", "swapped_in", "swapped_out")
+    __slots__ = (
+        "budget",
+        "chunks",
+        "num_new_partial_prefills",
+        "preempted_ids",
+        "requeue",
+        "swapped_in",
+        "swapped_out",
+    )
 
     def __init__(self, token_budget: int) -> None:
         self.budget = TokenBudget(token_budget)
@@ -21,6 +30,7 @@ class StepBuilder:
         self.swapped_out: list[tuple[str, tuple[int, ...]]] = []
         self.swapped_in: list[tuple[str, tuple[int, ...]]] = []
         self.num_new_partial_prefills = 0
+        self.requeue: list[Request] = []  # preempted during admission: back to the queue afterwards
 
     def add(self, chunk: ScheduledChunk) -> None:
         """Record `chunk`; its tokens were already taken from the budget by the caller's plan."""

@@ -1,19 +1,21 @@
 """contbatch.metrics: pure functions from per-request timelines to numbers and tables.
 
 Owns every metric definition (queue time, TTFT, TPOT, ITL, E2E in `request`; makespan,
-throughput, goodput and waste in `summary`), their presentation (`compare`) and per-request
-export (`export`). It reads `contbatch.core` types and uses numpy; it never imports the
-simulator, the engine or the server, and never reads a clock: timestamps come in the unit the
-run states ("s" or "tick").
+throughput, goodput and waste in `summary`; the same split by tenant or priority, and tokens of
+service per group, in `groups`), their presentation (`compare`) and per-request export
+(`export`). It reads `contbatch.core` types and uses numpy; it never imports the simulator, the
+engine or the server, and never reads a clock: timestamps come in the unit the run states ("s"
+or "tick").
 """
 
-from contbatch.metrics.compare import format_compare_table, format_number, format_summary
+from contbatch.metrics.compare import format_compare_table, format_group_table, format_number, format_summary
 from contbatch.metrics.export import (
     REQUEST_COLUMNS,
     request_rows,
     write_requests_csv,
     write_requests_jsonl,
 )
+from contbatch.metrics.groups import GROUP_KEYS, NO_TENANT, service_by, summarize_by
 from contbatch.metrics.request import (
     SUCCESS_REASONS,
     RequestMetrics,
@@ -24,6 +26,8 @@ from contbatch.metrics.stats import TIME_UNITS, describe
 from contbatch.metrics.summary import SLO, summarize
 
 __all__ = [
+    "GROUP_KEYS",
+    "NO_TENANT",
     "REQUEST_COLUMNS",
     "SLO",
     "SUCCESS_REASONS",
@@ -31,12 +35,15 @@ __all__ = [
     "RequestMetrics",
     "describe",
     "format_compare_table",
+    "format_group_table",
     "format_number",
     "format_summary",
     "per_request_table",
     "request_metrics",
     "request_rows",
+    "service_by",
     "summarize",
+    "summarize_by",
     "write_requests_csv",
     "write_requests_jsonl",
 ]

@@ -38,6 +38,7 @@ _ROWS: tuple[tuple[str, str, bool], ...] = (
     ("p99 TPOT ({lat})", "p99_tpot_{lat}", True),
     ("mean ITL ({lat})", "mean_itl_{lat}", True),
     ("p99 ITL ({lat})", "p99_itl_{lat}", True),
+    ("max ITL ({lat})", "max_itl_{lat}", True),
     ("mean E2E ({lat})", "mean_e2el_{lat}", True),
     ("p99 E2E ({lat})", "p99_e2el_{lat}", True),
     ("goodput (req/{unit})", "goodput", False),
@@ -143,3 +144,48 @@ def format_compare_table(summaries: Mapping[str, Mapping[str, object]]) -> str:
 def format_summary(summary: Mapping[str, object], name: str = "value") -> str:
     """The same rows as `format_compare_table`, for a single run."""
     return format_compare_table({name: summary})
+
+
+# Rows of a per-group block: (label, key, always shown); the optional ones show when some group
+# summary has the key (an SLO was given), even at zero.
+_GROUP_ROWS: tuple[tuple[str, str, bool], ...] = (
+    ("requests", "num_requests", True),
+    ("completed", "completed", True),
+    ("throughput (tok/{unit})", "output_throughput", True),
+    ("mean TTFT ({lat})", "mean_ttft_{lat}", True),
+    ("p50 TTFT ({lat})", "median_ttft_{lat}", True),
+    ("p99 TTFT ({lat})", "p99_ttft_{lat}", True),
+    ("mean TPOT ({lat})", "mean_tpot_{lat}", True),
+    ("p99 TPOT ({lat})", "p99_tpot_{lat}", True),
+    ("p99 E2E ({lat})", "p99_e2el_{lat}", True),
+    ("goodput (req/{unit})", "goodput", False),
+    ("SLO attainment", "slo_attainment", False),
+)
+
+
+def _group_values(name_to_groups: Mapping[str, Mapping[str, Mapping[str, object]]], key: str) -> list[str]:
+    """Every group value of any run: priorities ascending as numbers, tenants by name, "-" first."""
+    values = {value for groups in name_to_groups.values() for value in groups}
+    if key == "priority":
+        return sorted(values, key=lambda v: (0, int(v), "") if v.lstrip("-").isdigit() else (1, 0, v))
+    return sorted(values, key=lambda v: (v != "-", v))
+
+
+def format_group_table(name_to_groups: Mapping[str, Mapping[str, Mapping[str, object]]], key: str) -> str:
+    """Per-group results of several runs (e.g. `summarize_by` of each): one block per group
+    value, one column per run in the mapping's order, so one tenant's (or priority's) numbers
+    under each run sit side by side. A run without that group shows ``-``.
+    """
+    every = {f"{name}/{value}": s for name, groups in name_to_groups.items() for value, s in groups.items()}
+    if not every:
+        raise ValueError("format_group_table needs at least one run with at least one group")
+    unit = _time_unit(every)
+    names = {"unit": unit, "lat": "ms" if unit == "s" else "ticks"}
+    rows = [(label.format(**names), template.format(**names), always) for label, template, always in _GROUP_ROWS]
+    shown = [(label, k) for label, k, always in rows if always or any(k in s for s in every.values())]
+    blocks = []
+    for value in _group_values(name_to_groups, key):
+        column = [groups.get(value, {}) for groups in name_to_groups.values()]
+        cells = [(label, [format_number(s.get(k)) for s in column]) for label, k in shown]
+        blocks.append(_render([f"{key} {value}", *name_to_groups], cells))
+    return "\n".join(blocks)

@@ -108,8 +108,18 @@ def _count_keys(rows: list[RequestMetrics]) -> dict[str, object]:
     }
 
 
+def was_served(m: RequestMetrics) -> bool:
+    """True when the request's prompt was processed: it was scheduled or emitted a token."""
+    return m.first_scheduled_ts is not None or m.num_output_tokens > 0
+
+
+def run_makespan(rows: list[RequestMetrics]) -> float:
+    """makespan = last FINISHED − first ARRIVED, over every request of the run."""
+    return float(max(m.completion_ts for m in rows) - min(m.arrival_ts for m in rows))
+
+
 def _throughput_keys(rows: list[RequestMetrics], makespan: float) -> dict[str, object]:
-    served = [m for m in rows if m.first_scheduled_ts is not None or m.num_output_tokens > 0]
+    served = [m for m in rows if was_served(m)]
     total_input = sum(m.num_prompt_tokens for m in served)
     total_output = sum(m.num_output_tokens for m in rows)
     return {
@@ -167,8 +177,7 @@ def summarize(
     if padding_tokens < 0 or unsent_tokens < 0:
         raise ValueError(f"waste counts must be >= 0, got padding={padding_tokens} unsent={unsent_tokens}")
     rows = _metrics_of(timelines)
-    # makespan = last FINISHED − first ARRIVED
-    makespan = float(max(m.completion_ts for m in rows) - min(m.arrival_ts for m in rows))
+    makespan = run_makespan(rows)
     summary: dict[str, object] = {"time_unit": time_unit, "duration": makespan, "makespan": makespan}
     summary.update(_count_keys(rows))
     summary.update(_throughput_keys(rows, makespan))

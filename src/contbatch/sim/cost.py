@@ -5,9 +5,10 @@ duration. Everything a step's cost may depend on is in its `SchedulerOutput` (th
 a real executor receives), so cost models are pure, frozen and deterministic.
 
 - `UnitCost` (`unit:C`): the seed's teaching model. Every prompt, decode and padding token is one
-  token-work; a step costs ceil(token-work / C) ticks, at least 1.
+  token-work; a step costs ceil(token-work / C) ticks, at least 1. Swaps are free in ticks.
 - `AffineCost` (`affine[:k=v,...]`): seconds = base + per prefill token + per decode token +
-  per KV position read by attention (padding priced as prefill work). The defaults resemble a
+  per KV position read by attention (padding priced as prefill work) + per KV block swapped
+  between device and host (8 MB blocks of a 7B fp16 model over ~25 GB/s PCIe: 0.32 ms). The defaults resemble a
   7B model on one A100-80GB (fp16): a decode of one request at 576 tokens of context ~9.5 ms,
   32 such decodes ~16 ms, a 512-token prefill ~38 ms. They come from the shape of published
   vLLM step times for Llama-2-7B (weights read once per step ~9 ms; ~0.2 ms per extra decode
@@ -59,6 +60,7 @@ class AffineCost:
     prefill_ms: float = 0.056  # per prefill token (and per padding token)
     decode_ms: float = 0.066  # per decode token
     context_ms: float = 0.00025  # per KV position read by attention
+    swap_ms_per_block: float = 0.32  # per KV block copied to or from host memory
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -76,6 +78,7 @@ class AffineCost:
             + self.prefill_ms * (out.num_prefill_tokens + out.num_padding_tokens)
             + self.decode_ms * out.num_decode_tokens
             + self.context_ms * out.num_context_tokens
+            + self.swap_ms_per_block * out.num_swapped_blocks
         )
         return ms / 1000.0
 

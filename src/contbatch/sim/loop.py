@@ -5,9 +5,13 @@ One loop, the same three calls as the real engine (DESIGN.md section 2)::
     out = scheduler.schedule(now); result = executor.execute(out)
     now += cost.step_time(out); scheduler.update(out, result, now)
 
-Events are arrivals and step ends. Arrivals are handed to the scheduler at the first step
-boundary at or after their time (a running step is never interrupted); their timelines keep
-the trace's arrival time. When nothing can run, the clock jumps to the next arrival.
+Events are arrivals, step ends, client cancellations, client reads and the scheduler's own
+timers (timeouts). Arrivals are handed to the scheduler at the first step boundary at or after
+their time (a running step is never interrupted); their timelines keep the trace's arrival
+time. A cancellation during a step takes effect before that step's results are applied (so
+its KV is freed in that step and its last tokens reach nobody), stamped with its own time.
+Clients read at their trace's `read_rate` (`contbatch.sim.clients`), which is what output
+credits wait for. When nothing can run, the clock jumps to the next event.
 
 The simulated requests reserve for the trace's output limit (`max_tokens`) and stop at its
 output length (`contbatch.sim.executor`). With a KV budget, requests of one prefix group share
@@ -27,6 +31,7 @@ from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.request import Request
 from contbatch.core.timeline import Timeline
+from contbatch.sim.clients import Clients
 from contbatch.sim.cost import CostModel
 from contbatch.sim.executor import DUMMY_TOKEN_ID, SimExecutor
 from contbatch.traces import Trace, TraceRequest
@@ -47,15 +52,20 @@ class SimResult:
     kv_usage_mean: float = 0.0  # fraction of KV blocks in use, weighted by step time
     kv_usage_max: float = 0.0
     scheduler_stats: dict[str, object] = field(default_factory=dict)  # SchedulerStats.as_dict()
+    unsent_tokens: int = 0  # generated but never taken by a client (cancelled, timed out, failed)
 
     def run_stats(self) -> dict[str, object]:
         """Step-level figures timelines cannot show, JSON-ready."""
+        generated = sum(t.num_output_tokens for t in self.timelines)
         return {
             "num_steps": self.num_steps,
             "busy_time": self.busy_time,
             "kv_usage_mean": self.kv_usage_mean,
             "kv_usage_max": self.kv_usage_max,
             **self.scheduler_stats,
+            "generated_tokens": generated,
+            "sent_tokens": generated - self.unsent_tokens,
+            "num_unsent_tokens": self.unsent_tokens,
         }
 
 
@@ -127,26 +137,52 @@ def simulate(
     requests = [make_request(spec, kv.block_size if kv is not None else None) for spec in pending]
     stops = {s.request_id: s.num_output_tokens for s in pending if s.num_output_tokens < s.output_limit}
     executor = SimExecutor(stops, acceptance_rate=acceptance_rate, seed=seed)
+    clients = Clients(pending, requests, track_reads=scheduler.config.lifecycle.output_credits is not None)
     clock = _Clock(pending[0].arrival_ts if pending else 0.0)
-    next_arrival = 0
+    added: set[str] = set()
     while True:
-        while next_arrival < len(requests) and pending[next_arrival].arrival_ts <= clock.now:
-            scheduler.add_request(requests[next_arrival], clock.now)
-            next_arrival += 1
+        while len(added) < len(requests) and pending[len(added)].arrival_ts <= clock.now:
+            request = requests[len(added)]
+            scheduler.add_request(request, clock.now)
+            added.add(request.request_id)
+        clients.cancel_due(scheduler, clock.now, added)
+        clients.read(scheduler, clock.now)
         out = scheduler.schedule(clock.now) if scheduler.has_unfinished() else None
         if out is None or out.is_empty:
-            if next_arrival == len(requests):
+            wake = _next_event(pending, len(added), clients, scheduler)
+            if wake is None:
                 if scheduler.has_unfinished():
                     raise SimulationStalled(f"{scheduler.name} scheduled nothing at {clock.now} with work pending")
                 break
-            clock.now = max(clock.now, pending[next_arrival].arrival_ts)
+            clock.now = max(clock.now, wake)
             continue
         result = executor.execute(out)
         clock.step(out, cost.step_time(out), scheduler.kv_usage)
+        clients.cancel_due(scheduler, clock.now, added)
         scheduler.update(out, result, clock.now)
         if on_step is not None:
             on_step(scheduler, out, clock.now)
-    makespan_busy = clock.busy or 1.0
+    return _result(scheduler, cost, requests, clock, clients)
+
+
+def _next_event(
+    pending: tuple[TraceRequest, ...], num_added: int, clients: Clients, scheduler: SchedulerBase
+) -> float | None:
+    """The earliest future event that may let an idle scheduler run again."""
+    times = [
+        pending[num_added].arrival_ts if num_added < len(pending) else None,
+        clients.next_cancel_ts(),
+        clients.next_read_ts(scheduler),
+        scheduler.next_timer(),
+    ]
+    found = [t for t in times if t is not None]
+    return min(found) if found else None
+
+
+def _result(
+    scheduler: SchedulerBase, cost: CostModel, requests: list[Request], clock: _Clock, clients: Clients
+) -> SimResult:
+    busy = clock.busy or 1.0
     return SimResult(
         scheduler=scheduler.name,
         time_unit=cost.time_unit,
@@ -154,7 +190,8 @@ def simulate(
         num_steps=clock.num_steps,
         padding_tokens=clock.padding,
         busy_time=clock.busy,
-        kv_usage_mean=clock.kv_area / makespan_busy,
+        kv_usage_mean=clock.kv_area / busy,
         kv_usage_max=clock.kv_max,
         scheduler_stats=scheduler.stats.as_dict(),
+        unsent_tokens=scheduler.stats.num_unsent_tokens + clients.late_waste,
     )

@@ -1,0 +1,185 @@
+"""Admission: which waiting requests join the running set this step, and what they may displace.
+
+The half of `ContinuousScheduler` that looks at the waiting queue (the other half, in
+`contbatch.core.scheduler`, serves running requests). Waiting requests are offered in the queue
+order's `candidates(now)` order. One is skipped, without blocking anyone, when its tenant is at
+its quota or its client has not read its earlier output (no output credits). Otherwise it is
+admitted if a running slot, its next chunk's tokens and its memory fit; if not, with
+`priority_preemption` set it may preempt running requests whose priority value is larger by
+at least that threshold (at the sequence limit too), and else it blocks the queue or is
+passed, as `skip_blocked` and `max_skip_age` say.
+
+Invariants: a refused admission changes nothing; requests preempted here go back to the queue
+only after the candidate iteration ends (the queue never changes while it is being iterated).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from contbatch.core.base import SchedulerBase
+from contbatch.core.lifecycle import credit_room
+from contbatch.core.outputs import ScheduledChunk
+from contbatch.core.plan import plan_chunk
+from contbatch.core.request import Request
+from contbatch.core.step import StepBuilder
+
+
+class Admission(SchedulerBase):
+    # -- shared with the running phase -------------------------------------------------------
+    def _plan(self, request: Request, step: StepBuilder) -> ScheduledChunk | None:
+        config = self.config
+        spec = config.num_speculative_tokens
+        room = credit_room(request, config.lifecycle)
+        if room is not None:
+            if room <= 0:
+                return None
+            spec = min(spec, room - 1)  # a step must not overrun the client's credits
+        return plan_chunk(
+            request,
+            step.budget.remaining,
+            sample_on_prefill=config.sample_on_prefill,
+            allow_split=config.chunked_prefill,
+            num_speculative_tokens=spec,
+            max_prefill_tokens=config.max_prefill_tokens_per_request,
+        )
+
+    def _preempt(self, victim: Request, step: StepBuilder, now: float, *, requeue: bool = True) -> None:
+        """Take `victim` out of the running set (its chunk this step is refunded); recompute or
+        swap per the KV config; back to the queue now, or after admission when `requeue` is off."""
+        step.unschedule(victim.request_id)
+        moved = self.memory.preempt(victim) if self.memory is not None else None
+        self.stats.paused_time += victim.resume(now)
+        victim.preempt(now, keep_computed=moved is not None)
+        self.running.remove(victim)
+        if requeue:
+            self.waiting.push_front(victim)
+        else:
+            step.requeue.append(victim)
+        step.preempted_ids.append(victim.request_id)
+        if moved is not None:
+            step.swapped_out.append((victim.request_id, moved))
+
+    # -- the admission phase ------------------------------------------------------------------
+    def _admit_waiting(self, step: StepBuilder, now: float) -> None:
+        if step.preempted_ids:
+            return  # no admissions in a step whose running requests had to be preempted: no thrash
+        admitted: list[Request] = []
+        quota = _TenantQuota(self) if self._has_tenant_quota else None
+        for request in self.waiting.candidates(now):
+            if step.budget.exhausted:
+                break
+            if (quota is not None and quota.is_full(request)) or credit_room(request, self.config.lifecycle) == 0:
+                continue  # waits without blocking other tenants / other clients
+            if self._admit_one(request, step, now, len(admitted)):
+                admitted.append(request)
+                self.waiting.admitted(request)
+                if quota is not None:
+                    quota.add(request)
+            elif not self._may_pass(request, now):
+                break
+        self._finish_admission(admitted, step, now)
+
+    @property
+    def _has_tenant_quota(self) -> bool:
+        tenants = self.config.tenants
+        return tenants.max_running is not None or tenants.max_kv_blocks is not None
+
+    def _finish_admission(self, admitted: list[Request], step: StepBuilder, now: float) -> None:
+        if admitted:
+            self.waiting.remove(admitted)
+            for request in admitted:
+                request.admit(now)
+            self.running.extend(admitted)
+        for victim in step.requeue:
+            self.waiting.push_front(victim)
+        step.requeue.clear()
+
+    def _admit_one(self, request: Request, step: StepBuilder, now: float, num_admitted: int) -> bool:
+        while True:
+            seat_free = len(self.running) + num_admitted < self._max_seqs
+            if seat_free and self._try_admit(request, step):
+                return True
+            if not self._preempt_for(request, step, now):
+                return False
+
+    def _preempt_for(self, request: Request, step: StepBuilder, now: float) -> bool:
+        """Priority preemption: displace the lowest-priority running request (newest on ties) if
+        `request` beats it by the threshold; False when nobody qualifies."""
+        threshold = self.config.priority_preemption
+        if threshold is None:
+            return False
+        victims = [(r.priority, i, r) for i, r in enumerate(self.running) if r.priority - request.priority >= threshold]
+        if not victims:
+            return False
+        self._preempt(max(victims, key=lambda v: (v[0], v[1]))[2], step, now, requeue=False)
+        self.stats.num_priority_preemptions += 1
+        return True
+
+    def _may_pass(self, blocked: Request, now: float) -> bool:
+        """Whether requests behind a blocked one may be admitted before it."""
+        age_limit = self.config.max_skip_age
+        return self.config.skip_blocked and (age_limit is None or now - blocked.arrival_ts < age_limit)
+
+    def _try_admit(self, request: Request, step: StepBuilder) -> bool:
+        start = request.num_computed_tokens
+        first_admission = start == 0 and request.num_preemptions == 0
+        if self.memory is not None and first_admission:
+            request.num_computed_tokens = self.memory.prefix_hit_tokens(request)
+        chunk = self._plan(request, step)
+        swapped_in = None if chunk is None else self._admission_memory(request, chunk, step)
+        if chunk is None or swapped_in is None:
+            request.num_computed_tokens = start  # refused: nothing changed
+            return False
+        if first_admission and self.memory is not None and self.memory.config.enable_prefix_caching:
+            self.stats.num_prefix_query_tokens += request.num_prompt_tokens
+            self.stats.num_prefix_hit_tokens += request.num_computed_tokens
+        if swapped_in:
+            step.swapped_in.append((request.request_id, swapped_in))
+        if _is_partial(request, chunk):
+            step.num_new_partial_prefills += 1
+        step.budget.try_consume(chunk.num_new_tokens)
+        step.add(chunk)
+        return True
+
+    def _admission_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder) -> tuple[int, ...] | None:
+        """Device blocks a swapped-out request got back (empty tuple for others), or None when the
+        request may not start now: too many partial prefills, or its memory does not fit."""
+        cap = self.config.max_partial_prefills
+        if cap is not None and _is_partial(request, chunk):
+            in_flight = sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
+            if in_flight + step.num_new_partial_prefills >= cap:
+                return None
+        return () if self.memory is None else self.memory.admit(request, chunk)
+
+
+def _is_partial(request: Request, chunk: ScheduledChunk) -> bool:
+    return chunk.start + chunk.num_new_tokens < request.num_prompt_tokens
+
+
+class _TenantQuota:
+    """Per-tenant running requests and KV blocks, counted once per admission phase."""
+
+    def __init__(self, scheduler: SchedulerBase) -> None:
+        self.config = scheduler.config.tenants
+        self.memory = scheduler.memory
+        self.running: Counter[str | None] = Counter(r.tenant for r in scheduler.running)
+        self.blocks: Counter[str | None] = Counter()
+        if self.memory is not None and self.config.max_kv_blocks is not None:
+            for r in scheduler.running:
+                self.blocks[r.tenant] += self.memory.kv.num_held_blocks(r.request_id)
+
+    def is_full(self, request: Request) -> bool:
+        cfg = self.config
+        if cfg.max_running is not None and self.running[request.tenant] >= cfg.max_running:
+            return True
+        if cfg.max_kv_blocks is None or self.memory is None:
+            return False
+        need = self.memory.kv.num_blocks_for(request.num_prompt_tokens)
+        return self.blocks[request.tenant] + need > cfg.max_kv_blocks
+
+    def add(self, request: Request) -> None:
+        self.running[request.tenant] += 1
+        if self.memory is not None:
+            self.blocks[request.tenant] += self.memory.kv.num_held_blocks(request.request_id)
+

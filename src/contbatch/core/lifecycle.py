@@ -1,0 +1,50 @@
+"""Request lifecycle rules that depend on time: timeouts and paused streams.
+
+Pure functions over requests and a `LifecycleConfig`; the scheduler applies their verdicts.
+`now` is always an argument. A request times out when it has no output token `ttft_timeout`
+after arrival, or is unfinished `request_timeout` after arrival; a running request whose client
+stopped reading (its output credits are exhausted) is paused, and once paused for `max_pause`
+it is preempted or ended, as configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from contbatch.core.config import LifecycleConfig
+from contbatch.core.request import Request
+
+
+def timeout_reason(request: Request, config: LifecycleConfig, now: float) -> str:
+    """Why `request` has timed out at `now`; empty when it has not."""
+    waited = now - request.arrival_ts
+    if config.request_timeout is not None and waited >= config.request_timeout:
+        return f"unfinished {config.request_timeout:g} after arrival (request_timeout)"
+    if config.ttft_timeout is not None and request.num_output_tokens == 0 and waited >= config.ttft_timeout:
+        return f"no output token {config.ttft_timeout:g} after arrival (ttft_timeout)"
+    return ""
+
+
+def paused_too_long(request: Request, config: LifecycleConfig, now: float) -> bool:
+    since = request.paused_since
+    return config.max_pause is not None and since is not None and now - since >= config.max_pause
+
+
+def credit_room(request: Request, config: LifecycleConfig) -> int | None:
+    """Output tokens the request may still generate before its client reads; None: unlimited."""
+    if config.output_credits is None:
+        return None
+    return config.output_credits - request.num_unsent_tokens
+
+
+def next_timer(requests: Iterable[Request], config: LifecycleConfig) -> float | None:
+    """The earliest time at which a timeout or a pause limit fires for one of `requests`."""
+    times: list[float] = []
+    for r in requests:
+        if config.request_timeout is not None:
+            times.append(r.arrival_ts + config.request_timeout)
+        if config.ttft_timeout is not None and r.num_output_tokens == 0:
+            times.append(r.arrival_ts + config.ttft_timeout)
+        if config.max_pause is not None and r.paused_since is not None:
+            times.append(r.paused_since + config.max_pause)
+    return min(times) if times else None

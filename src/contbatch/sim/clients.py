@@ -1,0 +1,94 @@
+"""The simulated clients: when each one cancels, and how fast each one reads its stream.
+
+A client with a `read_rate` (tokens per clock unit, from the trace) reads its stream as a fluid:
+between two looks at time t0 and t1 it takes min(generated, read + rate x (t1 - t0)) tokens;
+one without a rate takes every token at once. What it takes is acknowledged to the scheduler
+(`ack`), which is what frees output credits. A client whose `cancel_ts` has come cancels its
+request: at that moment, tokens generated but not yet taken are wasted. That includes a
+request that already finished while its slow client was still reading its tail (the scheduler
+has forgotten it, so the clients count that waste themselves).
+
+Invariant: a client never takes more tokens than were generated for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from contbatch.core.base import SchedulerBase
+from contbatch.core.request import Request
+from contbatch.traces import TraceRequest
+
+
+class Clients:
+    def __init__(self, specs: Sequence[TraceRequest], requests: Sequence[Request], *, track_reads: bool) -> None:
+        self._requests = {r.request_id: r for r in requests}
+        self._cancels = sorted(((s.cancel_ts, s.request_id) for s in specs if s.cancel_ts is not None), reverse=True)
+        self._rates = {s.request_id: s.read_rate for s in specs if s.read_rate is not None}
+        self._read: dict[str, float] = {}  # tokens taken so far, fluid (finite-rate readers)
+        self._seen_ts: dict[str, float] = {}  # when each finite-rate reader last read
+        self.track_reads = track_reads or bool(self._rates) or bool(self._cancels)
+        self.late_waste = 0  # tokens of finished requests whose client cancelled before taking them
+
+    # -- cancellations ------------------------------------------------------------------------
+    def next_cancel_ts(self) -> float | None:
+        return self._cancels[-1][0] if self._cancels else None
+
+    def cancel_due(self, scheduler: SchedulerBase, until: float, added: set[str]) -> None:
+        """Cancel (at their own times) the requests whose cancel time is at or before `until`,
+        among those already handed to the scheduler."""
+        kept: list[tuple[float, str]] = []
+        while self._cancels and self._cancels[-1][0] <= until:
+            ts, rid = self._cancels.pop()
+            if rid not in added:
+                kept.append((ts, rid))
+                continue
+            request = self._requests[rid]
+            if request.is_finished:
+                self.late_waste += request.num_output_tokens - self.taken(request, ts)
+            else:
+                self.read(scheduler, ts, only=request)
+                scheduler.cancel(rid, ts)
+            self._rates.pop(rid, None)
+        for item in reversed(kept):
+            self._cancels.append(item)
+        self._cancels.sort(reverse=True)
+
+    # -- reading ------------------------------------------------------------------------------
+    def _progress(self, request: Request, now: float) -> float:
+        """Tokens the client of `request` has taken by `now` (fluid; unlimited readers take all)."""
+        rate = self._rates.get(request.request_id)
+        if rate is None:
+            return float(request.num_output_tokens)
+        rid = request.request_id
+        last = self._seen_ts.get(rid, now)
+        return min(float(request.num_output_tokens), self._read.get(rid, 0.0) + rate * (now - last))
+
+    def taken(self, request: Request, now: float) -> int:
+        return math.floor(self._progress(request, now))
+
+    def read(self, scheduler: SchedulerBase, now: float, *, only: Request | None = None) -> None:
+        """Every client takes what it can by `now` and acknowledges it."""
+        if not self.track_reads:
+            return
+        for request in (only,) if only is not None else list(scheduler.requests.values()):
+            if not request.num_output_tokens:
+                continue
+            rid = request.request_id
+            read = self._progress(request, now)
+            if rid in self._rates:
+                self._read[rid], self._seen_ts[rid] = read, now
+            scheduler.ack(rid, math.floor(read) - request.num_sent_tokens, now)
+
+    def next_read_ts(self, scheduler: SchedulerBase) -> float | None:
+        """When the next paused request's client will have taken one more token."""
+        times = []
+        for request in scheduler.running:
+            rate = self._rates.get(request.request_id)
+            if request.paused_since is None or rate is None:
+                continue
+            read = self._read.get(request.request_id, 0.0)
+            last = self._seen_ts.get(request.request_id, request.paused_since)
+            times.append(last + (math.floor(read) + 1 - read) / rate)
+        return min(times) if times else None
