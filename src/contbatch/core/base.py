@@ -86,13 +86,16 @@ class SchedulerBase(ABC):
         if not token_ids:
             raise ValueError(f"step {chunk.request_id!r}: the step result holds no sampled token for it")
         if not chunk.is_prefill:
-            self._advance_decode(request, chunk, len(token_ids))
+            if chunk.num_new_tokens == 1:
+                request.num_computed_tokens = chunk.start + 1
+            else:
+                self._advance_decode(request, chunk, len(token_ids))
         room = request.max_output_tokens - request.num_output_tokens
-        kept = tuple(token_ids[:room])
+        kept = tuple(token_ids) if len(token_ids) <= room else tuple(token_ids[:room])
         request.append_output(kept, now)
         if self._charges_service:
             self.waiting.charge(request, len(kept))
-        if chunk.request_id in result.finished:
+        if result.finished and chunk.request_id in result.finished:
             return  # the executor's reason (stop, error) wins over length
         if request.num_output_tokens >= request.max_output_tokens:
             self._finish(request, FinishReason.LENGTH, now)

@@ -37,6 +37,9 @@ def _check_memory(s: SchedulerBase) -> None:
     kv = s.memory.kv
     kv.check_invariants()
     reserve = s.memory.config.admission == "reserve" or isinstance(s, StaticScheduler)
+    for r in s.requests.values():
+        capacity = kv.num_held_blocks(r.request_id) * kv.block_size
+        _require(r.kv_capacity == capacity, f"{r.request_id!r}: kv_capacity {r.kv_capacity} != {capacity}")
     for r in s.running:
         tokens = r.num_prompt_tokens + r.max_output_tokens if reserve else r.num_computed_tokens
         held = kv.num_held_blocks(r.request_id)

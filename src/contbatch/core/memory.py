@@ -98,6 +98,7 @@ class Memory:
             return None
         if not kv.allocate(request.request_id, hold, block_hashes=request.block_hashes).granted:
             return None
+        self._sync(request)
         if self.config.admission == "estimate":
             self._future_blocks += self._expected_growth(request)
         return ()
@@ -109,6 +110,7 @@ class Memory:
             return None
         grant = kv.swap_in(request.request_id)
         kv.allocate(request.request_id, end)  # fits: checked above
+        self._sync(request)
         self.stats.num_swap_ins += 1
         self.stats.num_swapped_in_blocks += len(grant.new_block_ids)
         return grant.new_block_ids
@@ -116,7 +118,20 @@ class Memory:
     # -- running requests --------------------------------------------------------------------
     def grow(self, request: Request, end: int) -> bool:
         """Make a running request hold blocks for `end` tokens; False when the pool is short."""
-        return self.kv.allocate(request.request_id, end).granted
+        if end <= request.kv_capacity:
+            return True
+        granted = self.kv.allocate(request.request_id, end).granted
+        self._sync(request)
+        return granted
+
+    def reserve(self, request: Request, num_tokens: int) -> bool:
+        """Allocate blocks for `num_tokens` at once (all-or-nothing)."""
+        granted = self.kv.allocate(request.request_id, num_tokens).granted
+        self._sync(request)
+        return granted
+
+    def _sync(self, request: Request) -> None:
+        request.kv_capacity = self.kv.num_held_blocks(request.request_id) * self.kv.block_size
 
     def preempt(self, request: Request) -> tuple[int, ...] | None:
         """Release a preempted request's device blocks. With swap (and host room) its KV moves to
@@ -125,11 +140,13 @@ class Memory:
         stats.num_preemptions += 1
         if self.config.preemption == "swap":
             moved = self.kv.swap_out(request.request_id)
+            request.kv_capacity = 0
             if moved.swapped:
                 stats.num_swap_outs += 1
                 stats.num_swapped_out_blocks += len(moved.device_block_ids)
                 return moved.device_block_ids
         self.kv.free(request.request_id)
+        request.kv_capacity = 0
         stats.num_recompute_preemptions += 1
         return None
 
@@ -141,6 +158,8 @@ class Memory:
         """Give back blocks beyond `num_computed_tokens` (rejected speculative drafts)."""
         if self.config.admission != "reserve":
             self.kv.trim(request.request_id, request.num_computed_tokens)
+            self._sync(request)
 
     def release(self, request: Request) -> None:
         self.kv.free(request.request_id)
+        request.kv_capacity = 0

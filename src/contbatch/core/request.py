@@ -23,6 +23,7 @@ class Request:
         "deadline_ts",
         "finish_detail",
         "finish_reason",
+        "kv_capacity",
         "max_output_tokens",
         "num_computed_tokens",
         "num_output_tokens",
@@ -70,11 +71,14 @@ class Request:
         self.block_hashes = block_hashes  # one hash per full prompt block, for prefix caching
         self.recompute_until = 0  # positions below this were computed before a recompute preemption
         self.num_sent_tokens = 0  # output tokens the client has taken (acknowledged)
+        self.kv_capacity = 0  # tokens its device KV blocks can hold (kept by contbatch.core.memory)
         self.paused_since: float | None = None  # when its output credits ran out, while they are out
         self.paused_time = 0.0  # total time spent paused
         self.finish_reason: FinishReason | None = None
         self.finish_detail = ""  # why, in words, for REJECTED / ERROR / TIMEOUT
-        self.timeline = Timeline(request_id, arrival_ts, num_prompt_tokens, tenant=tenant, priority=priority)
+        self.timeline = Timeline(
+            request_id, arrival_ts, num_prompt_tokens, tenant=tenant, priority=priority, deadline_ts=deadline_ts
+        )
 
     def __repr__(self) -> str:
         return (

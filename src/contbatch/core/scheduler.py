@@ -109,21 +109,30 @@ class ContinuousScheduler(Admission):
 
     # -- running requests --------------------------------------------------------------------
     def _schedule_running(self, step: StepBuilder, now: float, *, prefills: bool | None) -> None:
+        # steady decoding (one token at the end of the sequence) skips the general planner: this
+        # loop runs for every running request every step
+        fast = self.config.sample_on_prefill and not self.config.num_speculative_tokens
+        fast = fast and self.config.lifecycle.output_credits is None and prefills is None
+        budget = step.budget
         for request in list(self.running):  # a copy: preemption edits self.running
-            if step.budget.exhausted:
+            if not budget.remaining:
                 break
             if request.status is not RequestStatus.RUNNING or request.request_id in step.chunks:
                 continue
-            chunk = self._plan(request, step)
+            start = request.num_computed_tokens
+            if fast and start >= request.num_prompt_tokens and start == request.num_known_tokens - 1:
+                chunk: ScheduledChunk | None = ScheduledChunk(request.request_id, start, 1, False, True)
+            else:
+                chunk = self._plan(request, step)
             if chunk is None:
                 if request.num_unsent_tokens and self.config.lifecycle.output_credits is not None:
                     request.pause(now)  # its client has not read: no credits left
                 continue
             if prefills is not None and chunk.is_prefill != prefills:
                 continue
-            if self._reserve_memory(request, chunk, step, now):
-                step.budget.try_consume(chunk.num_new_tokens)
-                step.add(chunk)
+            if request.kv_capacity >= start + chunk.num_new_tokens or self._reserve_memory(request, chunk, step, now):
+                budget.remaining -= chunk.num_new_tokens  # planned within the remaining budget
+                step.chunks[request.request_id] = chunk
 
     def _reserve_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder, now: float) -> bool:
         """Blocks for `chunk`, preempting victims while the pool is short; False when the request

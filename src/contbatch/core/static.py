@@ -57,7 +57,7 @@ class StaticScheduler(SchedulerBase):
         if self.memory is None:
             return True
         tokens = request.num_prompt_tokens + request.max_output_tokens
-        return self.memory.kv.allocate(request.request_id, tokens).granted
+        return self.memory.reserve(request, tokens)
 
     def _prompt_padding(self) -> int:
         if not self.batch:

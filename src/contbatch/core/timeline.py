@@ -49,6 +49,7 @@ class Timeline:
     num_prompt_tokens: int
     tenant: str | None = None
     priority: int = 0
+    deadline_ts: float | None = None  # when the request should be finished by (same clock)
     scheduled_ts: list[float] = field(default_factory=list)  # every admission, re-admissions too
     preempted_ts: list[float] = field(default_factory=list)
     token_ts: list[float] = field(default_factory=list)  # one entry per emission
@@ -79,7 +80,9 @@ class Timeline:
     def record_tokens(self, ts: float, num_tokens: int = 1) -> None:
         if num_tokens < 1:
             raise TimelineError(f"request {self.request_id!r}: a TOKENS event needs n >= 1, got {num_tokens}")
-        self._advance(ts)
+        if ts < self._last_ts or self.finish_reason is not None:
+            self._advance(ts)  # raises
+        self._last_ts = ts  # (the hot path: the checks of _advance, inlined)
         self.token_ts.append(ts)
         self.token_counts.append(num_tokens)
 

@@ -44,6 +44,11 @@ _ROWS: tuple[tuple[str, str, bool], ...] = (
     ("goodput (req/{unit})", "goodput", False),
     ("goodput (tok/{unit})", "goodput_tokens", False),
     ("SLO attainment", "slo_attainment", False),
+    ("deadline misses", "num_deadline_misses", False),
+    ("deadline attainment", "deadline_attainment", False),
+    ("generated tokens", "generated_tokens", False),
+    ("sent tokens", "sent_tokens", False),
+    ("paused time (total, clock units)", "paused_time", False),
     # run-level figures from the scheduler (present in simulator results)
     ("mean KV usage (fraction)", "kv_usage_mean", False),
     ("max KV usage (fraction)", "kv_usage_max", False),
@@ -160,6 +165,11 @@ _GROUP_ROWS: tuple[tuple[str, str, bool], ...] = (
     ("p99 E2E ({lat})", "p99_e2el_{lat}", True),
     ("goodput (req/{unit})", "goodput", False),
     ("SLO attainment", "slo_attainment", False),
+    ("deadline misses", "num_deadline_misses", False),
+    ("deadline attainment", "deadline_attainment", False),
+    ("generated tokens", "generated_tokens", False),
+    ("sent tokens", "sent_tokens", False),
+    ("paused time (total, clock units)", "paused_time", False),
 )
 
 

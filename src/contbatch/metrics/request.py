@@ -59,11 +59,19 @@ class RequestMetrics:
     itl_per_emission: tuple[float, ...]  # len == num_emissions - 1 (0 if no tokens)
     itl_per_token: tuple[float, ...]  # len == num_output_tokens - tokens of the first emission
     finish_reason: FinishReason
+    deadline_ts: float | None = None
 
     @property
     def succeeded(self) -> bool:
         """True when the request finished with `length` or `stop`."""
         return self.finish_reason in SUCCESS_REASONS
+
+    @property
+    def met_deadline(self) -> bool | None:
+        """Finished successfully by its deadline; None when it has no deadline."""
+        if self.deadline_ts is None:
+            return None
+        return self.succeeded and self.completion_ts <= self.deadline_ts
 
     def as_row(self) -> dict[str, str | int | float | None]:
         """The scalar fields as a flat, JSON-ready row (ITL tuples left out)."""
@@ -168,6 +176,7 @@ def request_metrics(tl: Timeline) -> RequestMetrics:
         itl_per_emission=per_emission,
         itl_per_token=per_token,
         finish_reason=reason,
+        deadline_ts=tl.deadline_ts,
     )
 
 

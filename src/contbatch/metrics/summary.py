@@ -105,6 +105,19 @@ def _count_keys(rows: list[RequestMetrics]) -> dict[str, object]:
         "finish_reasons": reasons,
         "num_preemptions": sum(m.num_preemptions for m in rows),
         "num_preempted_requests": sum(1 for m in rows if m.num_preemptions > 0),
+        **_deadline_keys(rows),
+    }
+
+
+def _deadline_keys(rows: list[RequestMetrics]) -> dict[str, object]:
+    """Deadline attainment = requests finished successfully by their deadline / requests with one."""
+    verdicts = [m.met_deadline for m in rows if m.met_deadline is not None]
+    if not verdicts:
+        return {}
+    return {
+        "num_deadline_requests": len(verdicts),
+        "num_deadline_misses": verdicts.count(False),
+        "deadline_attainment": verdicts.count(True) / len(verdicts),
     }
 
 

@@ -20,6 +20,12 @@ from contbatch.core.base import SchedulerBase
 from contbatch.core.request import Request
 from contbatch.traces import TraceRequest
 
+_EPS = 1e-9  # fluid reads land on whole tokens up to float error: 150.99999999999997 is 151
+
+
+def _whole(tokens: float) -> int:
+    return math.floor(tokens + _EPS)
+
 
 class Clients:
     def __init__(self, specs: Sequence[TraceRequest], requests: Sequence[Request], *, track_reads: bool) -> None:
@@ -62,11 +68,13 @@ class Clients:
         if rate is None:
             return float(request.num_output_tokens)
         rid = request.request_id
-        last = self._seen_ts.get(rid, now)
+        last = self._seen_ts.get(rid)
+        if last is None:  # starts reading when its first token exists
+            last = request.timeline.first_token_ts or now
         return min(float(request.num_output_tokens), self._read.get(rid, 0.0) + rate * (now - last))
 
     def taken(self, request: Request, now: float) -> int:
-        return math.floor(self._progress(request, now))
+        return _whole(self._progress(request, now))
 
     def read(self, scheduler: SchedulerBase, now: float, *, only: Request | None = None) -> None:
         """Every client takes what it can by `now` and acknowledges it."""
@@ -79,7 +87,7 @@ class Clients:
             read = self._progress(request, now)
             if rid in self._rates:
                 self._read[rid], self._seen_ts[rid] = read, now
-            scheduler.ack(rid, math.floor(read) - request.num_sent_tokens, now)
+            scheduler.ack(rid, _whole(read) - request.num_sent_tokens, now)
 
     def next_read_ts(self, scheduler: SchedulerBase) -> float | None:
         """When the next paused request's client will have taken one more token."""
@@ -89,6 +97,6 @@ class Clients:
             if request.paused_since is None or rate is None:
                 continue
             read = self._read.get(request.request_id, 0.0)
-            last = self._seen_ts.get(request.request_id, request.paused_since)
-            times.append(last + (math.floor(read) + 1 - read) / rate)
+            last = self._seen_ts.get(request.request_id, request.timeline.first_token_ts or request.paused_since)
+            times.append(last + (_whole(read) + 1 - read) / rate)
         return min(times) if times else None

@@ -150,7 +150,7 @@ def simulate(
         out = scheduler.schedule(clock.now) if scheduler.has_unfinished() else None
         if out is None or out.is_empty:
             wake = _next_event(pending, len(added), clients, scheduler)
-            if wake is None:
+            if wake is None or wake <= clock.now:  # everything due by now was handled: nothing can change
                 if scheduler.has_unfinished():
                     raise SimulationStalled(f"{scheduler.name} scheduled nothing at {clock.now} with work pending")
                 break
