@@ -40,6 +40,7 @@ class RunOptions:
     cost: CostModel
     preset: str
     config: SchedulerConfig  # the shared config, before any --vary
+    preset_config: SchedulerConfig  # the preset it started from (to show what --set changed)
     variants: tuple[Variant, ...]
     slo: SLO | None
     acceptance_rate: float
@@ -120,6 +121,7 @@ def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions
         cost=cost,
         preset=preset,
         config=config,
+        preset_config=_config(preset, cost, []),
         variants=_variants(_schedulers(schedulers), config, _vary_spec(args)),
         slo=_slo(args.slo) if args.slo else None,
         acceptance_rate=args.spec_acceptance,

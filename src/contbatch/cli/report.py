@@ -89,12 +89,22 @@ def to_json(document: Mapping[str, object]) -> str:
     return json.dumps(document, indent=2, sort_keys=False, allow_nan=False)
 
 
+def _changed_fields(config: object, base: object, prefix: str = "") -> list[str]:
+    """`key=value` for every field of `config` that differs from `base` (nested configs dotted)."""
+    if not dataclasses.is_dataclass(config) or not dataclasses.is_dataclass(base) or type(config) is not type(base):
+        return [f"{prefix.rstrip('.')}={config}"] if config != base else []
+    changed: list[str] = []
+    for f in dataclasses.fields(config):
+        changed += _changed_fields(getattr(config, f.name), getattr(base, f.name), f"{prefix}{f.name}.")
+    return [c.replace(".=", "=") for c in changed]
+
+
 def to_text(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> str:
-    config = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(opts.config).items())
+    changed = _changed_fields(opts.config, opts.preset_config)
     trace = opts.trace
     lines = [
         f"trace: {trace.name} ({len(trace)} requests, in {UNIT_NAMES[trace.time_unit]}) - {trace.source}",
-        f"cost: {opts.cost_spec}   preset: {opts.preset}   {config}",
+        f"cost: {opts.cost_spec}   preset: {opts.preset}" + (f" with {', '.join(changed)}" if changed else ""),
         "",
         format_compare_table({name: o.summary for name, o in outcomes.items()}),
     ]

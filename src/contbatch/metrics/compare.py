@@ -48,6 +48,8 @@ _ROWS: tuple[tuple[str, str, bool], ...] = (
     ("deadline attainment", "deadline_attainment", False),
     ("generated tokens", "generated_tokens", False),
     ("sent tokens", "sent_tokens", False),
+    ("wasted tokens (generated, never sent)", "num_unsent_tokens", False),
+    ("max tokens buffered for one client", "max_buffered_tokens", False),
     ("paused time (total, clock units)", "paused_time", False),
     # run-level figures from the scheduler (present in simulator results)
     ("mean KV usage (fraction)", "kv_usage_mean", False),
@@ -169,6 +171,8 @@ _GROUP_ROWS: tuple[tuple[str, str, bool], ...] = (
     ("deadline attainment", "deadline_attainment", False),
     ("generated tokens", "generated_tokens", False),
     ("sent tokens", "sent_tokens", False),
+    ("wasted tokens (generated, never sent)", "num_unsent_tokens", False),
+    ("max tokens buffered for one client", "max_buffered_tokens", False),
     ("paused time (total, clock units)", "paused_time", False),
 )
 

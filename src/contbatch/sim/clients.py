@@ -36,6 +36,7 @@ class Clients:
         self._seen_ts: dict[str, float] = {}  # when each finite-rate reader last read
         self.track_reads = track_reads or bool(self._rates) or bool(self._cancels)
         self.late_waste = 0  # tokens of finished requests whose client cancelled before taking them
+        self.max_buffered = 0  # most tokens generated but not yet taken by one client, at any look
 
     # -- cancellations ------------------------------------------------------------------------
     def next_cancel_ts(self) -> float | None:
@@ -87,6 +88,7 @@ class Clients:
             read = self._progress(request, now)
             if rid in self._rates:
                 self._read[rid], self._seen_ts[rid] = read, now
+                self.max_buffered = max(self.max_buffered, request.num_output_tokens - _whole(read))
             scheduler.ack(rid, _whole(read) - request.num_sent_tokens, now)
 
     def next_read_ts(self, scheduler: SchedulerBase) -> float | None:

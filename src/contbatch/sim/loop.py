@@ -53,6 +53,7 @@ class SimResult:
     kv_usage_max: float = 0.0
     scheduler_stats: dict[str, object] = field(default_factory=dict)  # SchedulerStats.as_dict()
     unsent_tokens: int = 0  # generated but never taken by a client (cancelled, timed out, failed)
+    max_buffered_tokens: int = 0  # most tokens waiting for one slow client at once (0 when untracked)
 
     def run_stats(self) -> dict[str, object]:
         """Step-level figures timelines cannot show, JSON-ready."""
@@ -66,6 +67,7 @@ class SimResult:
             "generated_tokens": generated,
             "sent_tokens": generated - self.unsent_tokens,
             "num_unsent_tokens": self.unsent_tokens,
+            "max_buffered_tokens": self.max_buffered_tokens,
         }
 
 
@@ -194,4 +196,5 @@ def _result(
         kv_usage_max=clock.kv_max,
         scheduler_stats=scheduler.stats.as_dict(),
         unsent_tokens=scheduler.stats.num_unsent_tokens + clients.late_waste,
+        max_buffered_tokens=clients.max_buffered,
     )

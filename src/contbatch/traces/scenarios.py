@@ -89,13 +89,14 @@ def multi_tenant() -> Trace:
 @functools.cache
 def priority_mix() -> Trace:
     seed = 400
-    base = generate("priority-mix", 400, poisson(6), uniform(256, 1024), uniform(64, 256), seed=seed)
+    base = generate("priority-mix", 400, poisson(16), uniform(256, 1024), uniform(64, 256), seed=seed)
     priorities = [0] * 80 + [1] * 120 + [2] * 200
     substream(seed, "priorities").shuffle(priorities)
     requests = (dataclasses.replace(r, priority=p) for r, p in zip(base, priorities, strict=True))
     description = (
-        "400 requests, Poisson 6 req/s, prompts uniform 256-1024, outputs uniform 64-256, priority 0 (lower runs "
-        "first) for 20 %, 1 for 30 %, 2 for 50 %, shuffled; for priority queue order"
+        "400 requests, Poisson 16 req/s (above the affine engine's capacity, so a queue forms), prompts uniform "
+        "256-1024, outputs uniform 64-256, priority 0 (lower runs first) for 20 %, 1 for 30 %, 2 for 50 %, "
+        "shuffled; for priority queue order"
     )
     return _trace("priority-mix", requests, seed, description)
 
@@ -103,12 +104,12 @@ def priority_mix() -> Trace:
 @functools.cache
 def deadlines() -> Trace:
     seed = 500
-    base = generate("deadlines", 300, poisson(5), uniform(128, 1024), uniform(32, 256), seed=seed)
+    base = generate("deadlines", 300, poisson(12), uniform(128, 1024), uniform(32, 256), seed=seed)
     slack = substream(seed, "slack")
     requests = (dataclasses.replace(r, deadline_ts=r.arrival_ts + slack.uniform(2.0, 20.0)) for r in base)
     description = (
-        "300 requests, Poisson 5 req/s, prompts uniform 128-1024, outputs uniform 32-256, deadline = arrival + "
-        "uniform 2-20 s; for deadline-aware queue order and goodput"
+        "300 requests, Poisson 12 req/s, prompts uniform 128-1024, outputs uniform 32-256, deadline = arrival + "
+        "uniform 2-20 s; for deadline-aware queue order (a queue forms with max_num_seqs=32)"
     )
     return _trace("deadlines", requests, seed, description)
 
