@@ -150,7 +150,9 @@ class Admission(SchedulerBase):
             in_flight = sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
             if in_flight + step.num_new_partial_prefills >= cap:
                 return None
-        return () if self.memory is None else self.memory.admit(request, chunk)
+        if self.memory is None:
+            return ()
+        return self.memory.admit(request, chunk, alone=not self.running and not step.chunks)
 
 
 def _is_partial(request: Request, chunk: ScheduledChunk) -> bool:

@@ -80,21 +80,23 @@ class Memory:
         hits = self.kv.match_prefix(request.block_hashes) * self.kv.block_size
         return min(hits, request.num_prompt_tokens - 1)
 
-    def admit(self, request: Request, chunk: ScheduledChunk) -> tuple[int, ...] | None:
+    def admit(self, request: Request, chunk: ScheduledChunk, *, alone: bool = False) -> tuple[int, ...] | None:
         """Allocate for a waiting request about to run `chunk`. Returns the device blocks a
         swapped-out request got back (empty tuple otherwise), or None when it does not fit (and
-        then nothing changed)."""
+        then nothing changed). A request that would run `alone` needs no watermark or growth
+        margin: it fits the pool (or it would have been rejected), so it must be able to start."""
         kv = self.kv
         end = chunk.start + chunk.num_new_tokens
         if kv.is_swapped(request.request_id):
-            return self._swap_in(request, end)
+            return self._swap_in(request, end, alone=alone)
         hold = request.num_prompt_tokens + request.max_output_tokens if self.config.admission == "reserve" else end
         # thrash guard: a request preempted before comes back only when all it knew fits again
         room = max(hold, request.num_known_tokens) if request.num_preemptions else hold
         need = kv.num_blocks_for(room) - kv.match_prefix(request.block_hashes)
-        if self.config.admission == "estimate":
+        if self.config.admission == "estimate" and not alone:
             need += self._expected_growth(request)
-        if kv.num_free_blocks - max(need, 0) - self._future_blocks < self.watermark_blocks:
+        margin = 0 if alone else self.watermark_blocks + self._future_blocks
+        if kv.num_free_blocks - max(need, 0) < margin:
             return None
         if not kv.allocate(request.request_id, hold, block_hashes=request.block_hashes).granted:
             return None
@@ -103,10 +105,10 @@ class Memory:
             self._future_blocks += self._expected_growth(request)
         return ()
 
-    def _swap_in(self, request: Request, end: int) -> tuple[int, ...] | None:
+    def _swap_in(self, request: Request, end: int, *, alone: bool) -> tuple[int, ...] | None:
         kv = self.kv
         need = max(kv.num_blocks_for(end), kv.num_held_host_blocks(request.request_id))
-        if kv.num_free_blocks - need < self.watermark_blocks:
+        if kv.num_free_blocks - need < (0 if alone else self.watermark_blocks):
             return None
         grant = kv.swap_in(request.request_id)
         kv.allocate(request.request_id, end)  # fits: checked above

@@ -42,6 +42,11 @@ class SchedulerOutput:
     swapped_out: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # (request id, new device block ids) whose KV moves back from host memory before this step
     swapped_in: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    num_requests: int = 0  # == len(chunks); a span's shape (contbatch.core.span) omits the chunks
+
+    def __post_init__(self) -> None:
+        if self.chunks and self.num_requests != len(self.chunks):
+            object.__setattr__(self, "num_requests", len(self.chunks))
 
     @property
     def num_swapped_blocks(self) -> int:
@@ -50,11 +55,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.chunks and not self.num_requests
 
-    @property
-    def num_requests(self) -> int:
-        return len(self.chunks)
 
 
 def build_output(
@@ -86,6 +88,7 @@ def build_output(
         finished_ids=finished_ids,
         swapped_out=swapped_out,
         swapped_in=swapped_in,
+        num_requests=len(chunks),
     )
 
 

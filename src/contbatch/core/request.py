@@ -146,6 +146,13 @@ class Request:
         self.paused_since = None
         return length
 
+    def append_token_run(self, token_id: int, ts_list: list[float]) -> None:
+        """`len(ts_list)` decode steps at once: one `token_id` at each timestamp."""
+        self.output_token_ids.extend([token_id] * len(ts_list))
+        self.num_output_tokens += len(ts_list)
+        self.num_computed_tokens += len(ts_list)
+        self.timeline.record_token_run(ts_list)
+
     def append_output(self, token_ids: tuple[int, ...], now: float) -> None:
         self.output_token_ids.extend(token_ids)
         self.num_output_tokens += len(token_ids)

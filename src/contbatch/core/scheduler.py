@@ -81,14 +81,18 @@ class ContinuousScheduler(Admission):
         return kind, reason
 
     def _bucket_padding(self, num_tokens: int) -> int:
+        padding = self.bucket_padding_for(num_tokens)
+        self.stats.num_bucket_padding_tokens += padding
+        return padding
+
+    def bucket_padding_for(self, num_tokens: int) -> int:
+        """Tokens that pad a step of `num_tokens` up to the next batch bucket (0 above the
+        largest: that step runs eagerly, unpadded)."""
         buckets = self.config.batch_buckets
         if not buckets or num_tokens == 0:
             return 0
         i = bisect.bisect_left(buckets, num_tokens)
-        if i == len(buckets):
-            return 0  # larger than every captured size: runs eagerly, unpadded
-        self.stats.num_bucket_padding_tokens += buckets[i] - num_tokens
-        return buckets[i] - num_tokens
+        return buckets[i] - num_tokens if i < len(buckets) else 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _expire(self, step: StepBuilder, now: float) -> None:

@@ -86,6 +86,16 @@ class Timeline:
         self.token_ts.append(ts)
         self.token_counts.append(num_tokens)
 
+    def record_token_run(self, ts_list: list[float]) -> None:
+        """One token at each of `ts_list` (non-decreasing): a run of decode steps at once."""
+        if not ts_list:
+            return
+        if ts_list[0] < self._last_ts or self.finish_reason is not None:
+            self._advance(ts_list[0])  # raises
+        self._last_ts = ts_list[-1]
+        self.token_ts.extend(ts_list)
+        self.token_counts.extend([1] * len(ts_list))
+
     def record_finished(self, ts: float, reason: FinishReason) -> None:
         self._advance(ts)
         self.finished_ts = ts

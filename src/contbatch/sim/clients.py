@@ -91,6 +91,10 @@ class Clients:
                 self.max_buffered = max(self.max_buffered, request.num_output_tokens - _whole(read))
             scheduler.ack(rid, _whole(read) - request.num_sent_tokens, now)
 
+    def reads_slowly(self, requests: Sequence[Request]) -> bool:
+        """Whether one of `requests` has a finite-rate client (its reads depend on every step)."""
+        return bool(self._rates) and any(r.request_id in self._rates for r in requests)
+
     def next_read_ts(self, scheduler: SchedulerBase) -> float | None:
         """When the next paused request's client will have taken one more token."""
         times = []

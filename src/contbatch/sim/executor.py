@@ -30,6 +30,16 @@ class SimExecutor:
         self._acceptance_rate = acceptance_rate
         self._rng = random.Random(seed)
 
+    @property
+    def stop_after(self) -> Mapping[str, int]:
+        """Tokens each early-stopping request will still get before its stop."""
+        return self._remaining
+
+    def consume(self, request_id: str, num_tokens: int) -> None:
+        """`num_tokens` were emitted for `request_id` outside `execute` (a skipped-ahead span)."""
+        if request_id in self._remaining:
+            self._remaining[request_id] -= num_tokens
+
     def execute(self, out: SchedulerOutput) -> StepResult:
         sampled: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}

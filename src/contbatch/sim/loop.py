@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.request import Request
+from contbatch.core.scheduler import ContinuousScheduler
+from contbatch.core.span import apply_decode_span, plan_decode_span
 from contbatch.core.timeline import Timeline
 from contbatch.sim.clients import Clients
 from contbatch.sim.cost import CostModel
@@ -130,10 +132,13 @@ def simulate(
     acceptance_rate: float = 1.0,
     seed: int = 0,
     on_step: StepHook | None = None,
+    skip_ahead: bool = True,
 ) -> SimResult:
     """Replay `trace` through `scheduler`, pricing steps with `cost`. Speculative drafts are
     accepted with `acceptance_rate` (draws seeded by `seed`). `on_step(scheduler, out, now)`
-    runs after every update (tests check invariants there)."""
+    runs after every update (tests check invariants there; after a skipped-ahead span it runs
+    once). `skip_ahead` prices spans of pure decoding in one go (`contbatch.core.span`), with
+    the same results as stepping through them."""
     pending = trace.requests
     kv = scheduler.config.kv
     requests = [make_request(spec, kv.block_size if kv is not None else None) for spec in pending]
@@ -159,12 +164,72 @@ def simulate(
             clock.now = max(clock.now, wake)
             continue
         result = executor.execute(out)
-        clock.step(out, cost.step_time(out), scheduler.kv_usage)
+        duration = cost.step_time(out)
+        clock.step(out, duration, scheduler.kv_usage)
         clients.cancel_due(scheduler, clock.now, added)
         scheduler.update(out, result, clock.now)
         if on_step is not None:
             on_step(scheduler, out, clock.now)
+        if skip_ahead and isinstance(scheduler, ContinuousScheduler) and not clients.reads_slowly(scheduler.running):
+            horizon = _next_event(pending, len(added), clients, scheduler)
+            _skip_ahead(
+                scheduler,
+                executor,
+                cost,
+                clock,
+                horizon=horizon,
+                cancel_ts=clients.next_cancel_ts(),
+                last_duration=duration,
+                on_step=on_step,
+            )
     return _result(scheduler, cost, requests, clock, clients)
+
+
+SPAN_STEPS = 4096  # the most steps one skip-ahead plans at once
+
+
+def _skip_ahead(
+    scheduler: ContinuousScheduler,
+    executor: SimExecutor,
+    cost: CostModel,
+    clock: _Clock,
+    *,
+    horizon: float | None,
+    cancel_ts: float | None,
+    last_duration: float,
+    on_step: StepHook | None,
+) -> None:
+    """Run the coming steps of pure decoding at once, up to the step boundary at which the next
+    outside event (`horizon`) is due, and never through a step during which a client cancels
+    (`cancel_ts`: that step's results must see the cancellation)."""
+    max_steps = SPAN_STEPS
+    if horizon is not None:  # steps only get cheaper as the batch shrinks: this rarely cuts short
+        max_steps = min(max_steps, int((horizon - clock.now) / max(last_duration, 1e-12)) * 2 + 2)
+    span = plan_decode_span(scheduler, executor.stop_after, max_steps)
+    if span is None:
+        return
+    memory = scheduler.memory
+    total = memory.kv.num_blocks if memory is not None else 1
+    ends: list[float] = []
+    padding = 0
+    last_out: SchedulerOutput | None = None
+    for out, used in span.steps():
+        if horizon is not None and clock.now >= horizon:
+            break
+        duration = cost.step_time(out)
+        if cancel_ts is not None and clock.now + duration >= cancel_ts:
+            break
+        clock.step(out, duration, used / total)
+        ends.append(clock.now)
+        padding += out.num_padding_tokens
+        last_out = out
+    if last_out is None:
+        return
+    for request, left in zip(span.requests, span.steps_left, strict=True):
+        executor.consume(request.request_id, min(len(ends), left))
+    apply_decode_span(scheduler, span, ends, padding)
+    if on_step is not None:
+        on_step(scheduler, last_out, clock.now)
 
 
 def _next_event(
