@@ -48,6 +48,7 @@ class RunOptions:
     out_dir: Path | None
     per_request: bool  # print / embed per-request TTFT, TPOT and completion
     group_by: tuple[str, ...] = ()  # per-group results to add: "tenant" and/or "priority"
+    plot_dir: Path | None = None  # --plot: write the run's figures (PNG and SVG) here
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +81,13 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slo", help="latency objectives for goodput, e.g. ttft=2,tpot=0.1,e2e=30 (clock unit)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--out", type=Path, help="also write results.json and per-request JSONL/CSV here")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="DIR",
+        help="write figures (PNG and SVG) here: the request timeline (traces of at most 64 requests), "
+        "TTFT/TPOT/E2E CDFs, and KV usage and batch size over time",
+    )
     parser.add_argument(
         "--per-request",
         choices=("auto", "on", "off"),
@@ -129,6 +137,7 @@ def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions
         out_dir=args.out,
         per_request=per_request,
         group_by=_group_by(args.by, trace),
+        plot_dir=getattr(args, "plot", None),
     )
 
 

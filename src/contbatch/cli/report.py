@@ -25,6 +25,7 @@ from contbatch.metrics import (
     write_requests_csv,
     write_requests_jsonl,
 )
+from contbatch.plots import StepRecord, StepRecorder, write_run_plots
 from contbatch.sim.loop import SimResult, simulate
 
 UNIT_NAMES = {"s": "seconds", "tick": "ticks"}
@@ -35,17 +36,20 @@ class Outcome:
     sim: SimResult
     summary: dict[str, object]
     groups: dict[str, dict[str, dict[str, object]]]  # group key -> group value -> group summary
+    steps: tuple[StepRecord, ...] = ()  # one record per step, kept only when plotting (--plot)
 
 
 def run_all(opts: RunOptions) -> dict[str, Outcome]:
     outcomes: dict[str, Outcome] = {}
     for variant in opts.variants:
         scheduler = make_scheduler(variant.scheduler, variant.config)
-        sim = simulate(opts.trace, scheduler, opts.cost, acceptance_rate=opts.acceptance_rate)
+        recorder = StepRecorder(opts.cost) if opts.plot_dir is not None else None
+        sim = simulate(opts.trace, scheduler, opts.cost, acceptance_rate=opts.acceptance_rate, on_step=recorder)
         summary = summarize(sim.timelines, time_unit=sim.time_unit, padding_tokens=sim.padding_tokens, slo=opts.slo)
         summary.update(sim.run_stats())
         groups = {key: summarize_by(sim.timelines, key, time_unit=sim.time_unit, slo=opts.slo) for key in opts.group_by}
-        outcomes[variant.label] = Outcome(sim, summary, groups)
+        steps = tuple(recorder.records) if recorder is not None else ()
+        outcomes[variant.label] = Outcome(sim, summary, groups, steps)
     return outcomes
 
 
@@ -130,7 +134,22 @@ def _per_request_text(outcomes: Mapping[str, Outcome]) -> str:
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows)
 
 
+def write_plots(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> None:
+    """--plot DIR: the request timeline (small traces), latency CDFs, KV usage and batch size."""
+    if opts.plot_dir is None:
+        return
+    write_run_plots(
+        {name: o.sim.timelines for name, o in outcomes.items()},
+        opts.plot_dir,
+        time_unit=opts.trace.time_unit,
+        steps={name: o.steps for name, o in outcomes.items()},
+        slo=opts.slo,
+        title=f"{opts.trace.name} ({opts.cost_spec})",
+    )
+
+
 def write_out_dir(opts: RunOptions, outcomes: Mapping[str, Outcome], document: Mapping[str, object]) -> None:
+    write_plots(opts, outcomes)
     if opts.out_dir is None:
         return
     opts.out_dir.mkdir(parents=True, exist_ok=True)
