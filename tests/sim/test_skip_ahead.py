@@ -102,7 +102,10 @@ def test_skip_ahead_really_skips() -> None:
     trace = Trace("long", tuple(TraceRequest(f"r{i}", 0.0, 32, 400) for i in range(8)), "s", "test")
     calls: list[float] = []
     result = simulate(
-        trace, ContinuousScheduler(SchedulerConfig(kv=KVConfig())), AffineCost(), on_step=lambda s, o, n: calls.append(n)
+        trace,
+        ContinuousScheduler(SchedulerConfig(kv=KVConfig())),
+        AffineCost(),
+        on_step=lambda s, o, n: calls.append(n),
     )
     assert result.num_steps >= 400
     assert len(calls) < result.num_steps / 10

@@ -48,6 +48,7 @@ class RunOptions:
     out_dir: Path | None
     per_request: bool  # print / embed per-request TTFT, TPOT and completion
     group_by: tuple[str, ...] = ()  # per-group results to add: "tenant" and/or "priority"
+    streaming: bool = False  # keep summaries only, not every timeline (very large traces)
     plot_dir: Path | None = None  # --plot: write the run's figures (PNG and SVG) here
 
 
@@ -80,6 +81,11 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--slo", help="latency objectives for goodput, e.g. ttft=2,tpot=0.1,e2e=30 (clock unit)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--streaming",
+        action="store_true",
+        help="keep per-request summaries only, not every token timestamp (for traces of millions of requests)",
+    )
     parser.add_argument("--out", type=Path, help="also write results.json and per-request JSONL/CSV here")
     parser.add_argument(
         "--plot",
@@ -119,7 +125,10 @@ def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions
     cost = _cost(args.cost)
     preset = args.preset or ("seed" if isinstance(cost, UnitCost) else "engine")
     trace = _trace(args.trace, cost.time_unit)
-    per_request = {"on": True, "off": False}.get(args.per_request, len(trace) <= 64)
+    streaming = bool(getattr(args, "streaming", False))
+    if streaming and (getattr(args, "plot", None) is not None or args.by in ("tenant", "priority")):
+        raise UsageError("--streaming keeps no timelines: it cannot be combined with --plot or --by")
+    per_request = {"on": True, "off": False}.get(args.per_request, len(trace) <= 64) and not streaming
     config = _config(preset, cost, args.overrides)
     if not 0.0 <= args.spec_acceptance <= 1.0:
         raise UsageError(f"--spec-acceptance must be in [0, 1], got {args.spec_acceptance}")
@@ -136,7 +145,8 @@ def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions
         as_json=args.json,
         out_dir=args.out,
         per_request=per_request,
-        group_by=_group_by(args.by, trace),
+        group_by=() if streaming else _group_by(args.by, trace),
+        streaming=streaming,
         plot_dir=getattr(args, "plot", None),
     )
 

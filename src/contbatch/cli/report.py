@@ -20,7 +20,6 @@ from contbatch.metrics import (
     format_group_table,
     format_number,
     per_request_table,
-    summarize,
     summarize_by,
     write_requests_csv,
     write_requests_jsonl,
@@ -44,8 +43,15 @@ def run_all(opts: RunOptions) -> dict[str, Outcome]:
     for variant in opts.variants:
         scheduler = make_scheduler(variant.scheduler, variant.config)
         recorder = StepRecorder(opts.cost) if opts.plot_dir is not None else None
-        sim = simulate(opts.trace, scheduler, opts.cost, acceptance_rate=opts.acceptance_rate, on_step=recorder)
-        summary = summarize(sim.timelines, time_unit=sim.time_unit, padding_tokens=sim.padding_tokens, slo=opts.slo)
+        sim = simulate(
+            opts.trace,
+            scheduler,
+            opts.cost,
+            acceptance_rate=opts.acceptance_rate,
+            on_step=recorder,
+            keep_timelines=not opts.streaming,
+        )
+        summary = sim.summary(opts.slo)
         summary.update(sim.run_stats())
         groups = {key: summarize_by(sim.timelines, key, time_unit=sim.time_unit, slo=opts.slo) for key in opts.group_by}
         steps = tuple(recorder.records) if recorder is not None else ()

@@ -39,7 +39,9 @@ class Admission(SchedulerBase):
             request,
             step.budget.remaining,
             sample_on_prefill=config.sample_on_prefill,
-            allow_split=config.chunked_prefill,
+            # recomputing after a preemption may always be split: unsplit, prompt + outputs could
+            # outgrow the token budget and never run again
+            allow_split=config.chunked_prefill or request.num_preemptions > 0,
             num_speculative_tokens=spec,
             max_prefill_tokens=config.max_prefill_tokens_per_request,
         )
@@ -62,8 +64,8 @@ class Admission(SchedulerBase):
 
     # -- the admission phase ------------------------------------------------------------------
     def _admit_waiting(self, step: StepBuilder, now: float) -> None:
-        if step.preempted_ids:
-            return  # no admissions in a step whose running requests had to be preempted: no thrash
+        if step.grew_by_preempting:
+            return  # no admissions in a step whose running requests had to preempt to grow: no thrash
         admitted: list[Request] = []
         quota = _TenantQuota(self) if self._has_tenant_quota else None
         for request in self.waiting.candidates(now):
@@ -86,6 +88,7 @@ class Admission(SchedulerBase):
         return tenants.max_running is not None or tenants.max_kv_blocks is not None
 
     def _finish_admission(self, admitted: list[Request], step: StepBuilder, now: float) -> None:
+        step.admitted_ids.update(r.request_id for r in admitted)
         if admitted:
             self.waiting.remove(admitted)
             for request in admitted:
@@ -96,25 +99,39 @@ class Admission(SchedulerBase):
         step.requeue.clear()
 
     def _admit_one(self, request: Request, step: StepBuilder, now: float, num_admitted: int) -> bool:
+        checked = False
         while True:
             seat_free = len(self.running) + num_admitted < self._max_seqs
             if seat_free and self._try_admit(request, step):
                 return True
-            if not self._preempt_for(request, step, now):
-                return False
+            victims = self._priority_victims(request)
+            if not victims or not (checked or self._victims_make_room(request, step, victims, num_admitted)):
+                return False  # nobody is preempted for an admission that would fail anyway
+            checked = True
+            self._preempt(max(victims, key=lambda v: (v[0], v[1]))[2], step, now, requeue=False)
+            self.stats.num_priority_preemptions += 1
 
-    def _preempt_for(self, request: Request, step: StepBuilder, now: float) -> bool:
-        """Priority preemption: displace the lowest-priority running request (newest on ties) if
-        `request` beats it by the threshold; False when nobody qualifies."""
+    def _priority_victims(self, request: Request) -> list[tuple[int, int, Request]]:
+        """(priority, index, request) of the running requests `request` may displace: those whose
+        priority value is larger by at least `priority_preemption`."""
         threshold = self.config.priority_preemption
         if threshold is None:
+            return []
+        return [(r.priority, i, r) for i, r in enumerate(self.running) if r.priority - request.priority >= threshold]
+
+    def _victims_make_room(
+        self, request: Request, step: StepBuilder, victims: list[tuple[int, int, Request]], num_admitted: int
+    ) -> bool:
+        """Whether preempting every eligible victim would free a seat and enough KV blocks."""
+        if len(self.running) - len(victims) + num_admitted >= self._max_seqs:
             return False
-        victims = [(r.priority, i, r) for i, r in enumerate(self.running) if r.priority - request.priority >= threshold]
-        if not victims:
+        chunk = self._plan(request, step)
+        if chunk is None:
             return False
-        self._preempt(max(victims, key=lambda v: (v[0], v[1]))[2], step, now, requeue=False)
-        self.stats.num_priority_preemptions += 1
-        return True
+        if self.memory is None:
+            return True
+        freeable = sum(self.memory.kv.num_held_blocks(r.request_id) for _, _, r in victims)
+        return self.memory.shortfall(request, chunk.start + chunk.num_new_tokens, extra_free=freeable) == 0
 
     def _may_pass(self, blocked: Request, now: float) -> bool:
         """Whether requests behind a blocked one may be admitted before it."""

@@ -156,6 +156,10 @@ class SchedulerBase(ABC):
             reason = self.memory.never_fits(request)
             if reason:
                 return "kv_capacity", reason
+            quota = self.config.tenants.max_kv_blocks
+            need = self.memory.kv.num_blocks_for(request.num_prompt_tokens)
+            if quota is not None and need > quota:
+                return "tenant_quota", f"its prompt needs {need} KV blocks, over its tenant's quota of {quota}"
         return "", ""
 
     def cancel(

@@ -15,19 +15,22 @@ from contbatch.core.config import LifecycleConfig
 from contbatch.core.request import Request
 
 
+# Each limit is compared as `now >= start + limit`, the very sum `next_timer` reports, so a timer
+# that fires at its reported time is never missed by float rounding.
 def timeout_reason(request: Request, config: LifecycleConfig, now: float) -> str:
     """Why `request` has timed out at `now`; empty when it has not."""
-    waited = now - request.arrival_ts
-    if config.request_timeout is not None and waited >= config.request_timeout:
+    arrival = request.arrival_ts
+    if config.request_timeout is not None and now >= arrival + config.request_timeout:
         return f"unfinished {config.request_timeout:g} after arrival (request_timeout)"
-    if config.ttft_timeout is not None and request.num_output_tokens == 0 and waited >= config.ttft_timeout:
-        return f"no output token {config.ttft_timeout:g} after arrival (ttft_timeout)"
+    ttft = config.ttft_timeout
+    if ttft is not None and request.num_output_tokens == 0 and now >= arrival + ttft:
+        return f"no output token {ttft:g} after arrival (ttft_timeout)"
     return ""
 
 
 def paused_too_long(request: Request, config: LifecycleConfig, now: float) -> bool:
     since = request.paused_since
-    return config.max_pause is not None and since is not None and now - since >= config.max_pause
+    return config.max_pause is not None and since is not None and now >= since + config.max_pause
 
 
 def credit_room(request: Request, config: LifecycleConfig) -> int | None:

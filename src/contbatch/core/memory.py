@@ -89,15 +89,9 @@ class Memory:
         end = chunk.start + chunk.num_new_tokens
         if kv.is_swapped(request.request_id):
             return self._swap_in(request, end, alone=alone)
-        hold = request.num_prompt_tokens + request.max_output_tokens if self.config.admission == "reserve" else end
-        # thrash guard: a request preempted before comes back only when all it knew fits again
-        room = max(hold, request.num_known_tokens) if request.num_preemptions else hold
-        need = kv.num_blocks_for(room) - kv.match_prefix(request.block_hashes)
-        if self.config.admission == "estimate" and not alone:
-            need += self._expected_growth(request)
-        margin = 0 if alone else self.watermark_blocks + self._future_blocks
-        if kv.num_free_blocks - max(need, 0) < margin:
+        if self.shortfall(request, end, alone=alone):
             return None
+        hold = self._hold(request, end)
         if not kv.allocate(request.request_id, hold, block_hashes=request.block_hashes).granted:
             return None
         self._sync(request)
@@ -105,10 +99,30 @@ class Memory:
             self._future_blocks += self._expected_growth(request)
         return ()
 
+    def _hold(self, request: Request, end: int) -> int:
+        """Tokens to allocate at admission: the whole reservation, or the first chunk."""
+        return request.num_prompt_tokens + request.max_output_tokens if self.config.admission == "reserve" else end
+
+    def shortfall(self, request: Request, end: int, *, alone: bool = False, extra_free: int = 0) -> int:
+        """Blocks missing to admit `request` with a first chunk ending at `end` (0 when it fits),
+        were `extra_free` more blocks free."""
+        kv = self.kv
+        if kv.is_swapped(request.request_id):
+            need = max(kv.num_blocks_for(end), kv.num_held_host_blocks(request.request_id))
+            margin = 0 if alone else self.watermark_blocks
+        else:
+            hold = self._hold(request, end)
+            # thrash guard: a request preempted before comes back only when all it knew fits again
+            room = max(hold, request.num_known_tokens) if request.num_preemptions else hold
+            need = max(kv.num_blocks_for(room) - kv.match_prefix(request.block_hashes), 0)
+            if self.config.admission == "estimate" and not alone:
+                need += self._expected_growth(request)
+            margin = 0 if alone else self.watermark_blocks + self._future_blocks
+        return max(0, need + margin - kv.num_free_blocks - extra_free)
+
     def _swap_in(self, request: Request, end: int, *, alone: bool) -> tuple[int, ...] | None:
         kv = self.kv
-        need = max(kv.num_blocks_for(end), kv.num_held_host_blocks(request.request_id))
-        if kv.num_free_blocks - need < (0 if alone else self.watermark_blocks):
+        if self.shortfall(request, end, alone=alone):
             return None
         grant = kv.swap_in(request.request_id)
         kv.allocate(request.request_id, end)  # fits: checked above
@@ -140,7 +154,9 @@ class Memory:
         host memory: returns the device blocks to copy out. Otherwise recompute: returns None."""
         stats = self.stats
         stats.num_preemptions += 1
-        if self.config.preemption == "swap":
+        if self.config.preemption == "swap" and request.num_computed_tokens > 0:
+            # only the computed tokens' KV is worth moving (blocks grown for this step's chunk are not)
+            self.kv.trim(request.request_id, request.num_computed_tokens)
             moved = self.kv.swap_out(request.request_id)
             request.kv_capacity = 0
             if moved.swapped:

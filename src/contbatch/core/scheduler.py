@@ -57,13 +57,15 @@ class ContinuousScheduler(Admission):
             self.memory.begin_step(self.running)
         if self.config.prefill_first:
             self._schedule_running(step, now, prefills=True)
+            self._reserve_decodes(step, now)  # memory first, so admission sees what is left
             self._admit_waiting(step, now)
             self._schedule_running(step, now, prefills=False)
+            self._release_unscheduled(step)
         else:
             self._schedule_running(step, now, prefills=None)
             self._admit_waiting(step, now)
         if self.memory is not None:
-            self.memory.end_step(preempted=bool(step.preempted_ids))
+            self.memory.end_step(preempted=step.grew_by_preempting)
         padding = self._bucket_padding(self.config.max_num_batched_tokens - step.budget.remaining)
         out = step.build(self._next_step_id(), num_padding_tokens=padding, finished_ids=self._take_finished_ids())
         self.last_output = out
@@ -138,6 +140,26 @@ class ContinuousScheduler(Admission):
                 budget.remaining -= chunk.num_new_tokens  # planned within the remaining budget
                 step.chunks[request.request_id] = chunk
 
+    def _reserve_decodes(self, step: StepBuilder, now: float) -> None:
+        """prefill_first: the running decodes take their blocks before admission (preempting if
+        they must), though their tokens come out of the budget only after the prefills."""
+        if self.memory is None:
+            return
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING or request.request_id in step.chunks:
+                continue
+            chunk = self._plan(request, step)
+            if chunk is not None and not chunk.is_prefill:
+                self._reserve_memory(request, chunk, step, now)
+
+    def _release_unscheduled(self, step: StepBuilder) -> None:
+        """Decodes that got no budget after all give back the block they reserved."""
+        if self.memory is None:
+            return
+        for request in self.running:
+            if request.request_id not in step.chunks and request.kv_capacity > request.num_computed_tokens:
+                self.memory.roll_back(request)
+
     def _reserve_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder, now: float) -> bool:
         """Blocks for `chunk`, preempting victims while the pool is short; False when the request
         itself had to yield."""
@@ -146,8 +168,10 @@ class ContinuousScheduler(Admission):
             return True
         end = chunk.start + chunk.num_new_tokens
         while not memory.grow(request, end):
-            victim = choose_victim(self.running, memory.config.victim, memory.config.max_preemptions)
+            candidates = [r for r in self.running if r.request_id not in step.admitted_ids]
+            victim = choose_victim(candidates, memory.config.victim, memory.config.max_preemptions)
             self._preempt(victim, step, now)
+            step.grew_by_preempting = True
             if victim is request:
                 return False
         return True

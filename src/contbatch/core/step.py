@@ -14,8 +14,10 @@ from contbatch.core.request import Request
 
 class StepBuilder:
     __slots__ = (
+        "admitted_ids",
         "budget",
         "chunks",
+        "grew_by_preempting",
         "num_new_partial_prefills",
         "preempted_ids",
         "requeue",
@@ -30,6 +32,8 @@ class StepBuilder:
         self.swapped_out: list[tuple[str, tuple[int, ...]]] = []
         self.swapped_in: list[tuple[str, tuple[int, ...]]] = []
         self.num_new_partial_prefills = 0
+        self.grew_by_preempting = False  # a running request took a victim's memory this step
+        self.admitted_ids: set[str] = set()  # admitted this step: never preempted in the same step
         self.requeue: list[Request] = []  # preempted during admission: back to the queue afterwards
 
     def add(self, chunk: ScheduledChunk) -> None:

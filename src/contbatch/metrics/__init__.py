@@ -23,7 +23,8 @@ from contbatch.metrics.request import (
     request_metrics,
 )
 from contbatch.metrics.stats import TIME_UNITS, describe
-from contbatch.metrics.summary import SLO, summarize
+from contbatch.metrics.streaming import StreamingSummary
+from contbatch.metrics.summary import SLO, summarize, summarize_rows
 
 __all__ = [
     "GROUP_KEYS",
@@ -33,6 +34,7 @@ __all__ = [
     "SUCCESS_REASONS",
     "TIME_UNITS",
     "RequestMetrics",
+    "StreamingSummary",
     "describe",
     "format_compare_table",
     "format_group_table",
@@ -44,6 +46,7 @@ __all__ = [
     "service_by",
     "summarize",
     "summarize_by",
+    "summarize_rows",
     "write_requests_csv",
     "write_requests_jsonl",
 ]

@@ -46,13 +46,17 @@ def describe(values: Sequence[float], scale: float = 1.0) -> dict[str, float | N
     """{prefix: statistic} for every prefix in `STAT_PREFIXES`, of `values` × `scale`.
 
     An empty sample gives None for every statistic; a statistic that overflows a float (only
-    possible near 1e308) is None too.
+    possible near 1e308) is None too. Mean and standard deviation are exactly rounded sums
+    (`math.fsum`), so they do not depend on the order of `values` (a streaming summary, which
+    sees requests in finishing order, gives the same numbers as one over timelines).
     """
     if len(values) == 0:
         return dict.fromkeys(STAT_PREFIXES)
     with np.errstate(over="ignore", invalid="ignore"):
         arr = np.asarray(values, dtype=np.float64) * scale
-        raw = [np.mean(arr), np.median(arr), np.std(arr), np.min(arr), np.max(arr)]
+        mean = np.float64(math.fsum(arr) / len(arr)) if np.isfinite(arr).all() else np.mean(arr)
+        spread = np.float64(math.sqrt(math.fsum((arr - mean) ** 2) / len(arr))) if np.isfinite(mean) else np.std(arr)
+        raw = [mean, np.median(arr), spread, np.min(arr), np.max(arr)]
         raw += list(np.percentile(arr, PERCENTILES))
     return {prefix: _plain(value) for prefix, value in zip(STAT_PREFIXES, raw, strict=True)}
 

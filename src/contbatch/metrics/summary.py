@@ -30,13 +30,15 @@ a zero makespan, is None, never NaN or infinity; ``finish_reasons`` always holds
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
 from contbatch.metrics.request import RequestMetrics, request_metrics
 from contbatch.metrics.stats import check_time_unit, latency_keys
+
+PooledItls = tuple[Sequence[float], Sequence[float]]  # every inter-token gap: per emission, per token
 
 LATENCY_NAMES: tuple[str, ...] = ("queue", "requeue", "ttft", "tpot", "itl", "itl_per_token", "e2el")
 """Latency key stems, in summary order: ``mean_<stem>_ms`` etc."""
@@ -144,14 +146,16 @@ def _throughput_keys(rows: list[RequestMetrics], makespan: float) -> dict[str, o
     }
 
 
-def _latency_keys(rows: list[RequestMetrics], time_unit: str) -> dict[str, object]:
-    samples: dict[str, list[float]] = {
+def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls | None = None) -> dict[str, object]:
+    if itls is None:
+        itls = ([gap for m in rows for gap in m.itl_per_emission], [gap for m in rows for gap in m.itl_per_token])
+    samples: dict[str, Sequence[float]] = {
         "queue": [m.queue_time for m in rows if m.queue_time is not None],
         "requeue": [m.requeue_time for m in rows if m.num_preemptions > 0],
         "ttft": [m.ttft for m in rows if m.ttft is not None],
         "tpot": [m.tpot for m in rows if m.tpot is not None],
-        "itl": [gap for m in rows for gap in m.itl_per_emission],
-        "itl_per_token": [gap for m in rows for gap in m.itl_per_token],
+        "itl": itls[0],
+        "itl_per_token": itls[1],
         "e2el": [m.e2e for m in rows],
     }
     keys: dict[str, object] = {}
@@ -186,17 +190,34 @@ def summarize(
     Raises `ValueError` for an empty input, an unfinished timeline (naming it), a duplicate
     request id, an unknown time unit or a negative waste count. SLO keys appear only with `slo`.
     """
+    return summarize_rows(
+        _metrics_of(timelines), time_unit=time_unit, padding_tokens=padding_tokens, unsent_tokens=unsent_tokens, slo=slo
+    )
+
+
+def summarize_rows(
+    rows: list[RequestMetrics],
+    *,
+    time_unit: str,
+    padding_tokens: int = 0,
+    unsent_tokens: int = 0,
+    slo: SLO | None = None,
+    itls: PooledItls | None = None,
+) -> dict[str, object]:
+    """`summarize` of per-request metrics already computed; `itls` (per emission, per token)
+    replaces the rows' own inter-token gaps when they were pooled as the rows were made."""
     check_time_unit(time_unit)
     if padding_tokens < 0 or unsent_tokens < 0:
         raise ValueError(f"waste counts must be >= 0, got padding={padding_tokens} unsent={unsent_tokens}")
-    rows = _metrics_of(timelines)
+    if not rows:
+        raise ValueError("cannot summarize an empty list of timelines")
     makespan = run_makespan(rows)
     summary: dict[str, object] = {"time_unit": time_unit, "duration": makespan, "makespan": makespan}
     summary.update(_count_keys(rows))
     summary.update(_throughput_keys(rows, makespan))
     summary["padding_waste"] = int(padding_tokens)
     summary["unsent_waste"] = int(unsent_tokens)
-    summary.update(_latency_keys(rows, time_unit))
+    summary.update(_latency_keys(rows, time_unit, itls))
     if slo is not None:
         summary.update(_goodput_keys(rows, makespan, slo))
     return summary

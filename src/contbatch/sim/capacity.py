@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from contbatch.core.base import SchedulerBase
-from contbatch.metrics import SLO, summarize
+from contbatch.metrics import SLO
 from contbatch.sim.cost import CostModel
 from contbatch.sim.loop import simulate
 from contbatch.sim.pool import simulate_pool
@@ -61,7 +61,7 @@ class Planner:
             result = simulate_pool(
                 scaled, self.make_scheduler, self.cost, num_replicas=num_replicas, routing=self.routing
             )
-        summary = summarize(result.timelines, time_unit=result.time_unit, slo=self.slo)
+        summary = result.summary(self.slo)
         return CapacityPoint(rate, num_replicas, summary)
 
 

@@ -31,6 +31,7 @@ class Clients:
     def __init__(self, specs: Sequence[TraceRequest], requests: Sequence[Request], *, track_reads: bool) -> None:
         self._requests = {r.request_id: r for r in requests}
         self._cancels = sorted(((s.cancel_ts, s.request_id) for s in specs if s.cancel_ts is not None), reverse=True)
+        self._index = {s.request_id: i for i, s in enumerate(specs) if s.cancel_ts is not None}
         self._rates = {s.request_id: s.read_rate for s in specs if s.read_rate is not None}
         self._read: dict[str, float] = {}  # tokens taken so far, fluid (finite-rate readers)
         self._seen_ts: dict[str, float] = {}  # when each finite-rate reader last read
@@ -42,13 +43,13 @@ class Clients:
     def next_cancel_ts(self) -> float | None:
         return self._cancels[-1][0] if self._cancels else None
 
-    def cancel_due(self, scheduler: SchedulerBase, until: float, added: set[str]) -> None:
+    def cancel_due(self, scheduler: SchedulerBase, until: float, num_added: int) -> None:
         """Cancel (at their own times) the requests whose cancel time is at or before `until`,
-        among those already handed to the scheduler."""
+        among the first `num_added` of the trace (those already handed to the scheduler)."""
         kept: list[tuple[float, str]] = []
         while self._cancels and self._cancels[-1][0] <= until:
             ts, rid = self._cancels.pop()
-            if rid not in added:
+            if self._index[rid] >= num_added:
                 kept.append((ts, rid))
                 continue
             request = self._requests[rid]
@@ -96,13 +97,15 @@ class Clients:
         return bool(self._rates) and any(r.request_id in self._rates for r in requests)
 
     def next_read_ts(self, scheduler: SchedulerBase) -> float | None:
-        """When the next paused request's client will have taken one more token."""
+        """When a slow client next takes one more token (which may give its request credits
+        again, running or preempted)."""
         times = []
-        for request in scheduler.running:
+        for request in scheduler.requests.values():
             rate = self._rates.get(request.request_id)
-            if request.paused_since is None or rate is None:
+            if rate is None or not request.num_unsent_tokens:
                 continue
             read = self._read.get(request.request_id, 0.0)
-            last = self._seen_ts.get(request.request_id, request.timeline.first_token_ts or request.paused_since)
-            times.append(last + (_whole(read) + 1 - read) / rate)
+            last = self._seen_ts.get(request.request_id, request.timeline.first_token_ts)
+            if last is not None:
+                times.append(last + (_whole(read) + 1 - read) / rate)
         return min(times) if times else None

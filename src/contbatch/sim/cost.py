@@ -14,6 +14,14 @@ a real executor receives), so cost models are pure, frozen and deterministic.
   vLLM step times for Llama-2-7B (weights read once per step ~9 ms; ~0.2 ms per extra decode
   request; ~0.056 ms per prefill token, i.e. ~250 TFLOP/s effective), not from a measurement
   made here: fit your own with a calibration profile.
+- `RooflineCost` (`roofline:MODEL@DEVICE[xN][,k=v...]`, seconds): max(compute, memory) per step
+  from a model and a device preset, with tensor and expert parallelism, MoE routing and swaps;
+  `contbatch.sim.costs.roofline` states the model, `contbatch.sim.costs.presets` the figures.
+- `TableCost` (`table:PATH[,k=v...]`, seconds): interpolated from a CSV grid of step times;
+  `contbatch.sim.costs.table` states the format and the interpolation.
+
+`parse_cost` builds any of them from a spec string; an unknown name or parameter is a
+`CostSpecError` that names it and lists what is known.
 """
 
 from __future__ import annotations
@@ -24,10 +32,22 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contbatch.core.outputs import SchedulerOutput
+from contbatch.sim.costs.errors import CostSpecError
+from contbatch.sim.costs.presets import DEVICES, MODELS
+from contbatch.sim.costs.roofline import RooflineCost
+from contbatch.sim.costs.roofline_spec import parse_roofline
+from contbatch.sim.costs.table import TableCost, parse_table
 
-
-class CostSpecError(ValueError):
-    """A cost model name or parameter is invalid; the message says which."""
+__all__ = [
+    "COST_MODELS",
+    "AffineCost",
+    "CostModel",
+    "CostSpecError",
+    "RooflineCost",
+    "TableCost",
+    "UnitCost",
+    "parse_cost",
+]
 
 
 class CostModel(Protocol):
@@ -83,17 +103,26 @@ class AffineCost:
         return ms / 1000.0
 
 
-COST_MODELS = ("unit", "affine")
+COST_MODELS = ("unit", "affine", "roofline", "table")
 
 
 def parse_cost(spec: str) -> CostModel:
-    """`unit`, `unit:8`, `affine`, `affine:base_ms=8,decode_ms=0.07`; CostSpecError otherwise."""
+    """`unit`, `unit:8`, `affine`, `affine:base_ms=8,decode_ms=0.07`, `roofline:llama-2-7b@a100`,
+    `roofline:llama-3-70b@h100x4,eff=0.5`, `table:steps.csv`; CostSpecError otherwise."""
     name, _, args = spec.partition(":")
     if name == "unit":
         return UnitCost(_parse_int(args, "unit cost capacity") if args else 8)
     if name == "affine":
         return AffineCost(**_parse_floats(args, AffineCost))
-    raise CostSpecError(f"unknown cost model {name!r}; known: {', '.join(COST_MODELS)}")
+    if name == "roofline":
+        return parse_roofline(args)
+    if name == "table":
+        return parse_table(args)
+    raise CostSpecError(
+        f"unknown cost model {name!r}; known: unit[:C], affine[:k=v,...], "
+        f"roofline:MODEL@DEVICE[xN][,k=v,...] (models: {', '.join(MODELS)}; devices: {', '.join(DEVICES)}), "
+        "table:PATH.csv"
+    )
 
 
 def _parse_int(text: str, what: str) -> int:

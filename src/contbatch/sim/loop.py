@@ -33,6 +33,7 @@ from contbatch.core.request import Request
 from contbatch.core.scheduler import ContinuousScheduler
 from contbatch.core.span import apply_decode_span, plan_decode_span
 from contbatch.core.timeline import Timeline
+from contbatch.metrics import SLO, StreamingSummary, summarize
 from contbatch.sim.clients import Clients
 from contbatch.sim.cost import CostModel
 from contbatch.sim.executor import DUMMY_TOKEN_ID, SimExecutor
@@ -55,11 +56,22 @@ class SimResult:
     kv_usage_max: float = 0.0
     scheduler_stats: dict[str, object] = field(default_factory=dict)  # SchedulerStats.as_dict()
     unsent_tokens: int = 0  # generated but never taken by a client (cancelled, timed out, failed)
+    streaming: StreamingSummary | None = None  # with keep_timelines=False: the folded requests (timelines is empty)
     max_buffered_tokens: int = 0  # most tokens waiting for one slow client at once (0 when untracked)
+
+    def summary(self, slo: SLO | None = None) -> dict[str, object]:
+        """`contbatch.metrics.summarize` of the run (from the folded rows in streaming mode)."""
+        waste = {"padding_tokens": self.padding_tokens, "unsent_tokens": self.unsent_tokens}
+        if self.streaming is not None:
+            return self.streaming.summary(time_unit=self.time_unit, slo=slo, **waste)
+        return summarize(self.timelines, time_unit=self.time_unit, slo=slo, **waste)
 
     def run_stats(self) -> dict[str, object]:
         """Step-level figures timelines cannot show, JSON-ready."""
-        generated = sum(t.num_output_tokens for t in self.timelines)
+        if self.streaming is not None:
+            generated = sum(row.num_output_tokens for row in self.streaming.rows)
+        else:
+            generated = sum(t.num_output_tokens for t in self.timelines)
         return {
             "num_steps": self.num_steps,
             "busy_time": self.busy_time,
@@ -133,30 +145,37 @@ def simulate(
     seed: int = 0,
     on_step: StepHook | None = None,
     skip_ahead: bool = True,
+    keep_timelines: bool = True,
 ) -> SimResult:
     """Replay `trace` through `scheduler`, pricing steps with `cost`. Speculative drafts are
     accepted with `acceptance_rate` (draws seeded by `seed`). `on_step(scheduler, out, now)`
     runs after every update (tests check invariants there; after a skipped-ahead span it runs
     once). `skip_ahead` prices spans of pure decoding in one go (`contbatch.core.span`), with
-    the same results as stepping through them."""
+    the same results as stepping through them. `keep_timelines=False` is the streaming mode for
+    very large traces: requests are created at arrival and folded into a `StreamingSummary`
+    once finished (no client cancellations or read rates then)."""
     pending = trace.requests
     kv = scheduler.config.kv
-    requests = [make_request(spec, kv.block_size if kv is not None else None) for spec in pending]
+    block_size = kv.block_size if kv is not None else None
+    streaming = None if keep_timelines else _Folder(pending)
+    requests = [make_request(spec, block_size) for spec in pending] if streaming is None else []
     stops = {s.request_id: s.num_output_tokens for s in pending if s.num_output_tokens < s.output_limit}
     executor = SimExecutor(stops, acceptance_rate=acceptance_rate, seed=seed)
-    clients = Clients(pending, requests, track_reads=scheduler.config.lifecycle.output_credits is not None)
+    lifecycle = scheduler.config.lifecycle
+    # reads matter when tokens can be left unsent: credits, or requests ended by a timeout
+    clients = Clients(pending, requests, track_reads=lifecycle.output_credits is not None or lifecycle.has_timeouts)
     clock = _Clock(pending[0].arrival_ts if pending else 0.0)
-    added: set[str] = set()
+    added = 0  # trace requests handed to the scheduler so far
     while True:
-        while len(added) < len(requests) and pending[len(added)].arrival_ts <= clock.now:
-            request = requests[len(added)]
+        while added < len(pending) and pending[added].arrival_ts <= clock.now:
+            request = requests[added] if streaming is None else streaming.create(pending[added], block_size)
             scheduler.add_request(request, clock.now)
-            added.add(request.request_id)
+            added += 1
         clients.cancel_due(scheduler, clock.now, added)
         clients.read(scheduler, clock.now)
         out = scheduler.schedule(clock.now) if scheduler.has_unfinished() else None
         if out is None or out.is_empty:
-            wake = _next_event(pending, len(added), clients, scheduler)
+            wake = _next_event(pending, added, clients, scheduler)
             if wake is None or wake <= clock.now:  # everything due by now was handled: nothing can change
                 if scheduler.has_unfinished():
                     raise SimulationStalled(f"{scheduler.name} scheduled nothing at {clock.now} with work pending")
@@ -168,10 +187,12 @@ def simulate(
         clock.step(out, duration, scheduler.kv_usage)
         clients.cancel_due(scheduler, clock.now, added)
         scheduler.update(out, result, clock.now)
+        if streaming is not None:
+            streaming.fold(clock.num_steps)
         if on_step is not None:
             on_step(scheduler, out, clock.now)
         if skip_ahead and isinstance(scheduler, ContinuousScheduler) and not clients.reads_slowly(scheduler.running):
-            horizon = _next_event(pending, len(added), clients, scheduler)
+            horizon = _next_event(pending, added, clients, scheduler)
             _skip_ahead(
                 scheduler,
                 executor,
@@ -182,7 +203,37 @@ def simulate(
                 last_duration=duration,
                 on_step=on_step,
             )
-    return _result(scheduler, cost, requests, clock, clients)
+    return _result(scheduler, cost, requests=requests, clock=clock, clients=clients, streaming=streaming)
+
+
+class _Folder:
+    """Streaming mode: requests made at arrival, folded into a summary once finished."""
+
+    FOLD_EVERY = 1024  # steps between sweeps of the live requests
+
+    def __init__(self, pending: tuple[TraceRequest, ...]) -> None:
+        if any(r.cancel_ts is not None or r.read_rate is not None for r in pending):
+            raise ValueError("streaming mode (keep_timelines=False) does not model client cancellations or read rates")
+        self.live: list[Request] = []
+        self.summary = StreamingSummary()
+        self._next_fold = self.FOLD_EVERY
+
+    def create(self, spec: TraceRequest, block_size: int | None) -> Request:
+        request = make_request(spec, block_size)
+        self.live.append(request)
+        return request
+
+    def fold(self, num_steps: int, *, everything: bool = False) -> None:
+        if num_steps < self._next_fold and not everything:
+            return
+        self._next_fold = num_steps + self.FOLD_EVERY
+        still: list[Request] = []
+        for request in self.live:
+            if request.is_finished:
+                self.summary.add(request.timeline)
+            else:
+                still.append(request)
+        self.live = still
 
 
 SPAN_STEPS = 4096  # the most steps one skip-ahead plans at once
@@ -247,9 +298,17 @@ def _next_event(
 
 
 def _result(
-    scheduler: SchedulerBase, cost: CostModel, requests: list[Request], clock: _Clock, clients: Clients
+    scheduler: SchedulerBase,
+    cost: CostModel,
+    *,
+    requests: list[Request],
+    clock: _Clock,
+    clients: Clients,
+    streaming: _Folder | None,
 ) -> SimResult:
     busy = clock.busy or 1.0
+    if streaming is not None:
+        streaming.fold(clock.num_steps, everything=True)
     return SimResult(
         scheduler=scheduler.name,
         time_unit=cost.time_unit,
@@ -262,4 +321,5 @@ def _result(
         scheduler_stats=scheduler.stats.as_dict(),
         unsent_tokens=scheduler.stats.num_unsent_tokens + clients.late_waste,
         max_buffered_tokens=clients.max_buffered,
+        streaming=streaming.summary if streaming is not None else None,
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contbatch.core import SchedulerConfig, make_scheduler
-from contbatch.metrics import SLO, summarize
+from contbatch.metrics import SLO
 from contbatch.sim.cost import parse_cost
 from contbatch.sim.loop import SimulationStalled, simulate
 from contbatch.traces import Trace
@@ -37,6 +37,6 @@ def run_point(trace: Trace, task: PointTask) -> dict[str, object]:
         sim = simulate(trace, scheduler, cost, acceptance_rate=task.acceptance_rate, seed=task.seed)
     except SimulationStalled as exc:
         return {"error": f"simulation stalled: {exc}"}
-    summary = summarize(sim.timelines, time_unit=sim.time_unit, padding_tokens=sim.padding_tokens, slo=task.slo)
+    summary = sim.summary(task.slo)
     summary.update(sim.run_stats())
     return summary

@@ -11,7 +11,8 @@ rules). It can come from
   ``long-prompt``, ... in seconds);
 - canonical JSONL (`load_jsonl`, written by `write_jsonl`) or canonical CSV (`load_csv`, written
   by `write_csv`);
-- the Azure LLM inference trace CSV format (`import_azure_csv`);
+- the Azure LLM inference trace CSV format (`import_azure_csv`), Vidur's trace-replay CSV
+  (`import_vidur_csv`) and the BurstGPT CSV (`import_burstgpt_csv`);
 - `contbatch.traces.synthetic`: seeded arrival processes and length distributions, `generate`,
   and `scale_to_rate` to replay any trace at another mean rate.
 
@@ -20,10 +21,12 @@ whose message names the file, and for a row the line and the field.
 """
 
 from contbatch.traces.azure import import_azure_csv
+from contbatch.traces.burstgpt import import_burstgpt_csv
 from contbatch.traces.canonical_csv import load_csv, write_csv
 from contbatch.traces.jsonl import load_jsonl, write_jsonl
 from contbatch.traces.registry import builtin_trace_names, load_trace
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
+from contbatch.traces.vidur import import_vidur_csv
 
 __all__ = [
     "Trace",
@@ -31,6 +34,8 @@ __all__ = [
     "TraceRequest",
     "builtin_trace_names",
     "import_azure_csv",
+    "import_burstgpt_csv",
+    "import_vidur_csv",
     "load_csv",
     "load_jsonl",
     "load_trace",

@@ -5,8 +5,10 @@
 1. a built-in name (`builtin_trace_names()`): built-ins win over a file of the same name, so
    write ``./seed`` to load such a file;
 2. an existing file: ``.jsonl`` is canonical JSONL; ``.csv`` is sniffed by its header, the Azure
-   header (a ``TIMESTAMP`` column) going to the Azure importer and one made of canonical columns
-   to the canonical CSV loader; any other extension or header is a `TraceError`;
+   header (a ``TIMESTAMP`` column) going to the Azure importer, Vidur's (an ``arrived_at``
+   column) to the Vidur importer, BurstGPT's (a ``Response tokens`` column) to the BurstGPT
+   importer and one made of canonical columns to the canonical CSV loader; any other extension
+   or header is a `TraceError`;
 3. anything else is a `TraceError` naming the built-ins.
 
 ``time_unit`` overrides the unit of built-ins and files alike (files default to seconds); it
@@ -37,10 +39,12 @@ from contbatch.traces._common import (
     read_text,
 )
 from contbatch.traces.azure import AZURE_HEADER, parse_azure_csv
+from contbatch.traces.burstgpt import BURSTGPT_HEADER, parse_burstgpt_csv
 from contbatch.traces.canonical_csv import parse_canonical_csv
 from contbatch.traces.jsonl import load_jsonl
 from contbatch.traces.scenarios import SCENARIOS
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
+from contbatch.traces.vidur import VIDUR_COLUMNS, parse_vidur_csv
 
 AZURE_CODE_FILE = "AzureLLMInferenceTrace_code_2023.csv"
 AZURE_CODE_SOURCE = (
@@ -119,11 +123,17 @@ def _load_sniffed_csv(label: str, time_unit: str) -> Trace:
     if "TIMESTAMP" in header:
         source = f"file {label} (Azure LLM inference trace format)"
         return parse_azure_csv(text, label, name=name, time_unit=time_unit, source=source)
+    if "arrived_at" in header:
+        source = f"file {label} (Vidur trace-replay format)"
+        return parse_vidur_csv(text, label, name=name, time_unit=time_unit, source=source)
+    if "Response tokens" in header:
+        return parse_burstgpt_csv(text, label, name=name, time_unit=time_unit)
     if set(header) & set(CANONICAL_FIELDS):
         return parse_canonical_csv(text, label, name=name, time_unit=time_unit, source=f"file {label}")
     canonical = ",".join(CANONICAL_FIELDS)
     raise TraceError(
         f"unrecognised CSV header {','.join(header)!r}: expected the canonical columns {canonical!r} "
-        f"(arrival, prompt_tokens, output_tokens required) or the Azure header {','.join(AZURE_HEADER)!r}",
+        f"(arrival, prompt_tokens, output_tokens required), the Azure header {','.join(AZURE_HEADER)!r}, "
+        f"Vidur's {','.join(VIDUR_COLUMNS)!r} or BurstGPT's {','.join(BURSTGPT_HEADER)!r}",
         file=label,
     )

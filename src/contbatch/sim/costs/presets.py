@@ -25,12 +25,15 @@ memory sizes are the datasheets' GB figures read as GiB, as the HBM stacks are, 
 shows 81,920 MiB on an A100-80GB; link figures are one direction, half the datasheets'
 bidirectional totals):
 
-| preset | FLOP/s   | memory BW  | memory  | device link            | host link          | source |
-|--------|----------|------------|---------|------------------------|--------------------|--------|
-| a100   | 312 T    | 2,039 GB/s | 80 GiB  | NVLink 3, 300 GB/s     | PCIe 4 x16, 32 GB/s | NVIDIA A100 datasheet (A100 80GB SXM) |
-| h100   | 989 T    | 3,350 GB/s | 80 GiB  | NVLink 4, 450 GB/s     | PCIe 5 x16, 64 GB/s | NVIDIA H100 datasheet (H100 SXM) |
-| h200   | 989 T    | 4,800 GB/s | 141 GiB | NVLink 4, 450 GB/s     | PCIe 5 x16, 64 GB/s | NVIDIA H200 datasheet (H200 SXM) |
-| l4     | 121 T    | 300 GB/s   | 24 GiB  | none: PCIe 4, 32 GB/s  | PCIe 4 x16, 32 GB/s | NVIDIA L4 datasheet |
+| preset | FLOP/s | memory BW  | memory  | device link (one way) | host link (one way) |
+|--------|--------|------------|---------|-----------------------|---------------------|
+| a100   | 312 T  | 2,039 GB/s | 80 GiB  | NVLink 3, 300 GB/s    | PCIe 4 x16, 32 GB/s |
+| h100   | 989 T  | 3,350 GB/s | 80 GiB  | NVLink 4, 450 GB/s    | PCIe 5 x16, 64 GB/s |
+| h200   | 989 T  | 4,800 GB/s | 141 GiB | NVLink 4, 450 GB/s    | PCIe 5 x16, 64 GB/s |
+| l4     | 121 T  | 300 GB/s   | 24 GiB  | none: PCIe 4, 32 GB/s | PCIe 4 x16, 32 GB/s |
+
+Sources: the NVIDIA datasheets of the A100 Tensor Core GPU (A100 80GB SXM column), the H100
+Tensor Core GPU (H100 SXM), the H200 Tensor Core GPU (H200 SXM) and the L4 Tensor Core GPU.
 
 Efficiencies (the same on every device; only the A100 pair was calibrated): compute 0.6 (model
 FLOPs utilisation of a 512-token prefill), memory 0.75 (decode streams weights at ~1.5 TB/s on an
@@ -41,13 +44,13 @@ per-step overhead):
 
 | step                                   | affine anchor | roofline |
 |----------------------------------------|---------------|----------|
-| 1 decode at 576 tokens of context      | ~9.5 ms       | ~9.4 ms  |
-| 32 decodes at 576 tokens of context    | ~16 ms        | ~15.6 ms |
-| one 512-token prefill                  | ~38 ms        | ~37.2 ms |
+| 1 decode at 576 tokens of context      | ~9.5 ms       | 9.44 ms  |
+| 32 decodes at 576 tokens of context    | ~16 ms        | 15.57 ms |
+| one 512-token prefill                  | ~38 ms        | 36.39 ms |
 
 Where it deviates: the affine model adds the weight read to the prefill's compute, the roofline
 overlaps them (max), so between a decode and a ~512-token prefill the roofline is cheaper: a
-128-token prefill costs ~10 ms in the roofline (at its ridge point) and ~16.5 ms in the affine
+128-token prefill costs ~9.5 ms in the roofline (at its ridge point) and ~16.5 ms in the affine
 model; real kernels overlap partially and land in between. Long contexts cost more in the
 roofline (0.5 MiB of KV per token read at 1.5 TB/s: ~0.34 us per context token, against the
 affine's 0.25 us). Other devices scale by their datasheet ratios; they are not calibrated here.

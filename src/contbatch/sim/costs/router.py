@@ -4,9 +4,9 @@
 out of ``num_experts`` and returns how many tokens each expert received. One draw stands for
 every MoE layer of the step (a simplification: layers route independently in a real model).
 
-Routing kinds (``kind``), all drawn from a `random.Random` seeded by ``(seed, step_id)``, so a
-step's routing depends only on its id and the router, never on earlier steps or wall-clock
-state: the same sequence of steps always costs the same, in one process or the next.
+Routing kinds (``kind``), all drawn from a numpy generator seeded by ``(seed, step_id)``, so a
+step's routing depends only on its id and the router, never on earlier steps: the same sequence
+of steps always costs the same (for a given numpy version), in one process or the next.
 
 - ``uniform``: every expert equally likely (a perfectly trained load-balancing loss);
 - ``zipf``: expert ``i`` (0-based) has weight ``1 / (i + 1) ** skew``; skew 0 is uniform, ~1 is
@@ -16,8 +16,8 @@ state: the same sequence of steps always costs the same, in one process or the n
   and which ones changes from step to step.
 
 A token's ``top_k`` experts are drawn without replacement with probability proportional to the
-weights (redrawing a repeat, then, past a few repeats, drawing from the remaining experts
-directly: both give exactly the renormalised distribution).
+weights, by the Gumbel-top-k trick (the ``top_k`` largest ``log weight + Gumbel noise``), which is
+exactly sequential weighted sampling without replacement, vectorised over the tokens.
 
 `ExpertLoadStats` is the running record a cost model keeps: per step, the imbalance
 ``max load / mean load`` (mean over all experts: ``num_tokens * top_k / num_experts``), 1.0 when
@@ -26,16 +26,14 @@ perfectly balanced, ``num_experts / top_k`` at worst.
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import random
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from contbatch.sim.costs.errors import CostSpecError, check_int, check_number
 
 ROUTER_KINDS = ("uniform", "zipf", "dirichlet")
-_MAX_REDRAWS = 8
-_SEED_STRIDE = 1 << 40  # keeps (seed, step_id) pairs apart for any realistic step count
+_TINY = 1e-300  # floor for Dirichlet weights that underflow: such experts are picked only when needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,50 +50,22 @@ class ExpertRouter:
 
     def loads(self, num_tokens: int, step_id: int, num_experts: int, top_k: int) -> list[int]:
         """Tokens routed to each expert; ``sum == num_tokens * top_k``, each load <= num_tokens."""
-        rng = random.Random(self.seed * _SEED_STRIDE + step_id)
-        loads = [0] * num_experts
+        if num_tokens <= 0:
+            return [0] * num_experts
+        rng = np.random.default_rng([self.seed, step_id])
         if self.kind == "uniform" or (self.kind == "zipf" and self.skew == 0):
-            experts = range(num_experts)
-            for _ in range(num_tokens):
-                for e in rng.sample(experts, top_k):
-                    loads[e] += 1
-            return loads
-        weights = self._weights(rng, num_experts)
-        cumulative = list(itertools.accumulate(weights))
-        for _ in range(num_tokens):
-            for e in _draw_distinct(rng, weights, cumulative, top_k):
-                loads[e] += 1
-        return loads
-
-    def _weights(self, rng: random.Random, num_experts: int) -> list[float]:
-        if self.kind == "zipf":
-            return [1.0 / (i + 1) ** self.skew for i in range(num_experts)]
-        return [rng.gammavariate(self.skew, 1.0) for _ in range(num_experts)]
-
-
-def _draw_distinct(rng: random.Random, weights: list[float], cumulative: list[float], k: int) -> list[int]:
-    chosen: list[int] = []
-    total = cumulative[-1]
-    redraws = 0
-    while len(chosen) < k:
-        if total > 0 and redraws < _MAX_REDRAWS:
-            e = min(bisect.bisect_right(cumulative, rng.random() * total), len(weights) - 1)
-            if e in chosen:
-                redraws += 1
-                continue
+            keys = rng.random((num_tokens, num_experts))
         else:
-            e = _draw_remaining(rng, weights, chosen)
-        chosen.append(e)
-    return chosen
+            log_weights = np.log(self._weights(rng, num_experts))
+            keys = -(log_weights + rng.gumbel(size=(num_tokens, num_experts)))
+        chosen = np.argpartition(keys, top_k - 1, axis=1)[:, :top_k]
+        counts = np.bincount(chosen.ravel(), minlength=num_experts)
+        return [int(c) for c in counts]
 
-
-def _draw_remaining(rng: random.Random, weights: list[float], chosen: list[int]) -> int:
-    """One expert not in ``chosen``, by weight (uniformly if the remaining weight is zero)."""
-    remaining = [e for e in range(len(weights)) if e not in chosen]
-    mass = [weights[e] for e in remaining]
-    if sum(mass) <= 0:
-        return remaining[int(rng.random() * len(remaining))]
-    return rng.choices(remaining, weights=mass)[0]
+    def _weights(self, rng: np.random.Generator, num_experts: int) -> np.ndarray:
+        if self.kind == "zipf":
+            return 1.0 / np.arange(1, num_experts + 1, dtype=np.float64) ** self.skew
+        return np.maximum(rng.dirichlet(np.full(num_experts, self.skew)), _TINY)
 
 
 @dataclass(frozen=True, slots=True)

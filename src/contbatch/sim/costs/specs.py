@@ -21,7 +21,6 @@ model, and then all are 0), ``experts_per_token <= num_experts``, ``num_kv_heads
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -136,7 +135,7 @@ class DeviceSpec:
     compute_efficiency: float = 0.6  # fraction of peak_flops dense GEMMs reach
     memory_efficiency: float = 0.75  # fraction of mem_bandwidth streaming reads reach
     link_efficiency: float = 0.8  # fraction of link and host bandwidth collectives and copies reach
-    link_latency_s: float = 5e-6  # per ring step of an all-reduce, per all-to-all
+    link_latency_s: float = 2e-6  # per ring step of an all-reduce, per all-to-all
 
     def __post_init__(self) -> None:
         owner = f"device {self.name!r}"
@@ -156,7 +155,3 @@ class DeviceSpec:
     @property
     def effective_bandwidth(self) -> float:
         return self.mem_bandwidth * self.memory_efficiency
-
-    def with_efficiency(self, **changes: float) -> DeviceSpec:
-        """A copy with some efficiency fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)

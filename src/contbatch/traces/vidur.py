@@ -1,0 +1,78 @@
+"""Importer for Vidur's trace-replay CSV (``TraceReplayRequestGenerator``'s ``trace_file``).
+
+The format (microsoft/vidur, e.g. its ``data/processed_traces/*.csv``) has one row per request
+with the columns ``arrived_at`` (seconds from the trace start), ``num_prefill_tokens`` (prompt)
+and ``num_decode_tokens`` (output), in any order; any other column (``num_total_tokens``,
+``pd_ratio``, a pandas index, ...) is ignored.
+
+Invariants of the imported trace:
+- arrivals are the file's ``arrived_at`` values as they are (not shifted: Vidur replays them from
+  time 0 too), plain decimals >= 0;
+- token counts are integers >= 1 (``12.0``, as pandas writes integer columns that held a
+  missing value, is read as 12); Vidur clips a 0 to 1 when it replays, this importer rejects it
+  with the line and the column, like every other schema violation;
+- ids are ``vidur-0``, ``vidur-1``, ... by data row in file order (blank lines not counted),
+  and requests are then sorted by arrival, stably.
+"""
+
+from __future__ import annotations
+
+import os
+
+from contbatch.traces._columns import check_width, decimal_cell, locate_columns, token_cell
+from contbatch.traces._common import (
+    PathArg,
+    Where,
+    assemble_trace,
+    build_request,
+    check_time_unit,
+    csv_records,
+    default_name,
+    read_text,
+)
+from contbatch.traces.schema import Trace, TraceError, TraceRequest
+
+VIDUR_COLUMNS: tuple[str, ...] = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+_FIELD_NAMES = {
+    "arrival_ts": "arrived_at",
+    "num_prompt_tokens": "num_prefill_tokens",
+    "num_output_tokens": "num_decode_tokens",
+}
+
+
+def import_vidur_csv(
+    path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None
+) -> Trace:
+    """Import a Vidur trace-replay CSV; the name defaults to the file stem."""
+    label = os.fspath(path)
+    check_time_unit(time_unit, label)
+    return parse_vidur_csv(
+        read_text(path),
+        label,
+        name=default_name(label) if name is None else name,
+        time_unit=time_unit,
+        source=f"file {label} (Vidur trace-replay format)" if source is None else source,
+    )
+
+
+def parse_vidur_csv(text: str, label: str, *, name: str, time_unit: str, source: str) -> Trace:
+    """Parse Vidur-format CSV ``text``; ``label`` names the file in error messages."""
+    records = csv_records(text, label)
+    if not records:
+        raise TraceError("empty file: no header", file=label)
+    header_line, header = records[0]
+    columns = locate_columns(header, Where(label, header_line), required=VIDUR_COLUMNS)
+    located: list[tuple[int, TraceRequest]] = []
+    for line, cells in records[1:]:
+        if not any(cells):
+            continue
+        where = Where(label, line)
+        check_width(cells, header, where)
+        values = {
+            "request_id": f"vidur-{len(located)}",
+            "arrival_ts": float(decimal_cell(cells[columns["arrived_at"]], where, "arrived_at")),
+            "num_prompt_tokens": token_cell(cells[columns["num_prefill_tokens"]]),
+            "num_output_tokens": token_cell(cells[columns["num_decode_tokens"]]),
+        }
+        located.append((line, build_request(values, where, _FIELD_NAMES)))
+    return assemble_trace(label, located, name=name, time_unit=time_unit, source=source)
