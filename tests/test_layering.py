@@ -13,7 +13,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "contbatch.core": ("torch", "numpy", "asyncio", "contbatch.metrics", "contbatch.sim", "contbatch.traces"),
     "contbatch.traces": ("torch", "numpy", "asyncio", "contbatch.sim", "contbatch.metrics"),
     "contbatch.metrics": ("torch", "asyncio", "matplotlib", "contbatch.sim", "contbatch.engine", "contbatch.server"),
-    "contbatch.sim": ("torch", "asyncio", "contbatch.engine", "contbatch.server"),
+    "contbatch.sim": ("torch", "asyncio", "matplotlib", "contbatch.engine", "contbatch.server"),
+    "contbatch.plots": ("torch", "asyncio", "matplotlib", "contbatch.sim", "contbatch.engine", "contbatch.server"),
+    "contbatch.sweep": ("torch", "asyncio", "contbatch.engine", "contbatch.server"),
+    "contbatch.engine": ("asyncio", "fastapi", "contbatch.sim", "contbatch.server"),
+    "contbatch.server": ("torch",),
+    "contbatch.bench": ("torch", "contbatch.engine", "contbatch.sim"),
 }
 
 PROBE = """

@@ -1,4 +1,4 @@
-"""The `contbatch` command line: `simulate` and `compare`.
+"""The `contbatch` command line: `simulate`, `compare`, `capacity`, `sweep`, `serve` and `bench`.
 
 Bad input (unknown names, bad values, unreadable traces) is answered with one line on stderr
 and exit code 2; a failure inside a run with exit code 1 and its message, never a traceback.
@@ -9,11 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from contbatch import __version__
+from contbatch.cli.bench_cmd import add_bench_parser, run_bench_command
+from contbatch.cli.capacity_cmd import add_capacity_parser, run_capacity_command
 from contbatch.cli.options import UsageError, add_run_flags, add_vary_flags, resolve
 from contbatch.cli.report import run_all, to_document, to_json, to_text, write_out_dir
+from contbatch.cli.serve_cmd import add_serve_parser, run_serve_command
+from contbatch.cli.sweep_cmd import add_sweep_parser, run_sweep_command
 from contbatch.sim.loop import SimulationStalled
 
 
@@ -41,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_run_flags(compare)
     add_vary_flags(compare)
+    add_capacity_parser(commands)
+    add_sweep_parser(commands)
+    add_serve_parser(commands)
+    add_bench_parser(commands)
     return parser
 
 
@@ -53,8 +61,7 @@ def _scheduler_names(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(n.strip() for n in args.schedulers.split(",") if n.strip())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _run_simulation_command(args: argparse.Namespace) -> int:
     try:
         opts = resolve(args, _scheduler_names(args))
     except UsageError as exc:
@@ -73,6 +80,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `contbatch ... | head`: the reader left; not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "simulate": _run_simulation_command,
+    "compare": _run_simulation_command,
+    "capacity": run_capacity_command,
+    "sweep": run_sweep_command,
+    "serve": run_serve_command,
+    "bench": run_bench_command,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":

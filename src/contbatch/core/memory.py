@@ -108,7 +108,7 @@ class Memory:
         were `extra_free` more blocks free."""
         kv = self.kv
         if kv.is_swapped(request.request_id):
-            need = max(kv.num_blocks_for(end), kv.num_held_host_blocks(request.request_id))
+            need = max(kv.num_blocks_for(self._hold(request, end)), kv.num_held_host_blocks(request.request_id))
             margin = 0 if alone else self.watermark_blocks
         else:
             hold = self._hold(request, end)
@@ -125,7 +125,7 @@ class Memory:
         if self.shortfall(request, end, alone=alone):
             return None
         grant = kv.swap_in(request.request_id)
-        kv.allocate(request.request_id, end)  # fits: checked above
+        kv.allocate(request.request_id, self._hold(request, end))  # fits: checked above
         self._sync(request)
         self.stats.num_swap_ins += 1
         self.stats.num_swapped_in_blocks += len(grant.new_block_ids)
@@ -155,8 +155,10 @@ class Memory:
         stats = self.stats
         stats.num_preemptions += 1
         if self.config.preemption == "swap" and request.num_computed_tokens > 0:
-            # only the computed tokens' KV is worth moving (blocks grown for this step's chunk are not)
-            self.kv.trim(request.request_id, request.num_computed_tokens)
+            # only the computed tokens' KV is worth moving (blocks grown for this step's chunk are
+            # not); a reservation is moved whole, so it is whole again when it comes back
+            if self.config.admission != "reserve":
+                self.kv.trim(request.request_id, request.num_computed_tokens)
             moved = self.kv.swap_out(request.request_id)
             request.kv_capacity = 0
             if moved.swapped:

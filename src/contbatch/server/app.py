@@ -1,0 +1,118 @@
+"""The OpenAI-compatible HTTP server (FastAPI).
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (`contbatch.server.serving`),
+``GET /v1/models``, ``GET /health`` (200 while the step driver runs, 503 otherwise) and
+``GET /metrics`` (Prometheus text, `contbatch.server.metrics`).
+
+Every error, including unknown routes, wrong methods and failures of our own, is answered with
+the OpenAI error JSON; nothing a client sends can stop the process. The app starts its
+`EngineClient` on startup and shuts it down gracefully (in-flight requests get
+`ServerConfig.shutdown_grace_s`, then are cancelled) on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from contbatch.server.client import EngineClient
+from contbatch.server.protocol import APIError
+from contbatch.server.serving import ServerConfig, error_response, generate
+
+log = logging.getLogger(__name__)
+
+
+def create_app(client: EngineClient, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client.start()
+        yield
+        await asyncio.to_thread(client.shutdown, config.shutdown_grace_s)
+
+    app = FastAPI(title="contbatch", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.client = client
+    app.state.config = config
+    _add_error_handlers(app)
+    _add_routes(app, client)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return error_response(exc)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(APIError(exc.status_code, message, headers=exc.headers))
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_error)
+
+
+def _add_routes(app: FastAPI, client: EngineClient) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _guarded(generate(request, chat=False))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _guarded(generate(request, chat=True))
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        info = client.model
+        card = {
+            "id": info.name,
+            "object": "model",
+            "created": info.created,
+            "owned_by": "contbatch",
+            "root": info.name,
+            "parent": None,
+            "max_model_len": info.max_model_len,
+            "backend": info.backend,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        status = client.health()
+        return JSONResponse({"status": "ok" if status.ok else status.detail}, status_code=200 if status.ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(client.render_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _guarded(call: object) -> Response:
+    """Await a handler; an `APIError` becomes its JSON answer, anything else a 500 (logged)."""
+    assert asyncio.iscoroutine(call)
+    try:
+        response: Response = await call
+    except APIError as exc:
+        return error_response(exc)
+    except Exception as exc:
+        log.exception("request failed")
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
+    return response

@@ -1,0 +1,181 @@
+"""`EngineClient`: the asynchronous interface the HTTP layer talks to, and its one implementation.
+
+The HTTP layer never sees the scheduler or the executor: it tokenizes through the client, hands
+it a `Submission` and reads a `RequestStream` (an async iterator of `RequestEvent`s). Streams
+acknowledge what their reader took (`ack`, which frees output credits) and can be aborted (the
+request is cancelled at the next step boundary, its KV freed then).
+
+`DriverClient` implements it over a `Driver` running a backend's executor; which backend (the
+paced simulator or the real engine) is decided when it is built (`contbatch.server.backends`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from contbatch.core import make_scheduler
+from contbatch.server.backends.base import Backend, ChatMessage
+from contbatch.server.driver import Driver
+from contbatch.server.metrics import ServerMetrics
+from contbatch.server.types import DriverSnapshot, RequestEvent, Submission
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    name: str  # the model id clients must name
+    backend: str  # "sim" or "engine"
+    max_model_len: int | None  # prompt + output tokens at most; None: no limit
+    vocab_size: int | None
+    created: int  # unix seconds, when the server started
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    detail: str
+
+
+class RequestStream:
+    """The events of one request: `first()` (admitted, or the final rejection), then the rest by
+    `async for`. Lives on the event loop that created it."""
+
+    def __init__(self, request_id: str, client: EngineClient) -> None:
+        self.request_id = request_id
+        self._client = client
+        self._queue: asyncio.Queue[RequestEvent] = asyncio.Queue()
+        self._peeked: RequestEvent | None = None
+        self.final: RequestEvent | None = None  # the final event, once read
+
+    def push(self, event: RequestEvent) -> None:
+        self._queue.put_nowait(event)
+
+    async def first(self) -> RequestEvent:
+        """The first event; a final one (rejected) is also what iteration yields next."""
+        event = await self._queue.get()
+        if not event.admitted:
+            self._peeked = event
+        return event
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestEvent:
+        while self.final is None:
+            if self._peeked is not None:
+                event, self._peeked = self._peeked, None
+            else:
+                event = await self._queue.get()
+            if event.admitted:
+                continue
+            if event.is_final:
+                self.final = event
+            return event
+        raise StopAsyncIteration
+
+    @property
+    def finished(self) -> bool:
+        return self.final is not None
+
+    def ack(self, num_tokens: int) -> None:
+        if num_tokens > 0 and self.final is None:
+            self._client.ack(self.request_id, num_tokens)
+
+    def abort(self) -> None:
+        """Cancel the request unless its final event was read (then: nothing to do)."""
+        if self.final is None:
+            self._client.abort(self.request_id)
+
+
+class EngineClient(Protocol):
+    @property
+    def model(self) -> ModelInfo: ...
+
+    def now(self) -> float: ...  # the clock of arrival timestamps and events
+
+    def tokenize(self, text: str) -> tuple[int, ...]: ...
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str: ...
+
+    def generate(self, submission: Submission) -> RequestStream:
+        """Submit on the running event loop; `DriverClosed` when the server is shutting down."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def ack(self, request_id: str, num_tokens: int) -> None: ...
+
+    def health(self) -> Health: ...
+
+    def snapshot(self) -> DriverSnapshot: ...
+
+    def render_metrics(self) -> bytes: ...  # Prometheus text format
+
+    def start(self) -> None: ...
+
+    def shutdown(self, grace_s: float) -> None: ...  # blocking
+
+
+class DriverClient:
+    """The `EngineClient` over a `Driver` and a backend."""
+
+    def __init__(self, backend: Backend, *, scheduler: str = "continuous") -> None:
+        self.backend = backend
+        self.driver = Driver(make_scheduler(scheduler, backend.config), backend.executor)
+        self.metrics = ServerMetrics(lambda: self.driver.snapshot, model_name=backend.model_name)
+        self.driver.observer = self.metrics
+        self._model = ModelInfo(
+            name=backend.model_name,
+            backend=backend.name,
+            max_model_len=backend.config.max_model_len,
+            vocab_size=backend.vocab_size,
+            created=int(time.time()),
+        )
+
+    @property
+    def model(self) -> ModelInfo:
+        return self._model
+
+    def now(self) -> float:
+        return self.driver.now()
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        return self.backend.tokenize(text)
+
+    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
+        return self.backend.chat_prompt(messages)
+
+    def generate(self, submission: Submission) -> RequestStream:
+        stream = RequestStream(submission.request_id, self)
+        self.driver.submit(submission, asyncio.get_running_loop(), stream.push)
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self.driver.abort(request_id)
+
+    def ack(self, request_id: str, num_tokens: int) -> None:
+        self.driver.ack(request_id, num_tokens)
+
+    def health(self) -> Health:
+        if not self.driver.is_alive:
+            return Health(False, "the step driver is not running")
+        if not self.driver.accepting:
+            return Health(False, "shutting down")
+        return Health(True, "ok")
+
+    def snapshot(self) -> DriverSnapshot:
+        return self.driver.snapshot
+
+    def render_metrics(self) -> bytes:
+        return self.metrics.render()
+
+    def start(self) -> None:
+        if not self.driver.is_alive:
+            self.driver.start()
+
+    def shutdown(self, grace_s: float) -> None:
+        self.driver.stop(grace_s)
+        self.backend.close()
