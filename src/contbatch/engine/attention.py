@@ -1,0 +1,190 @@
+"""Paged attention over a flat batch that mixes prefill chunks and decodes.
+
+What it owns: `AttentionMetadata` (built once per step, read by every layer) and
+`paged_attention` (one call per layer).
+
+The flat batch is a sequence of chunks; chunk c covers flat tokens [token_begin, token_begin +
+num_tokens) at positions [start, start + num_tokens) of its request. Every chunk attends
+causally within itself and fully over its request's cached prefix [0, start), read from the
+paged cache through its block table. Single-token chunks (decodes, or the last token of a
+chunked prefill) that are adjacent in the flat batch form decode groups: one padded
+scaled-dot-product call per group, keys and values gathered block-wise once per layer, padding
+masked out. The runner puts them first and sorted by context length, so groups pad little.
+
+Invariants: the new tokens' K/V are written to the cache before any read, so a chunk sees its own
+keys; a slot is written by at most one token per step; no query row is fully masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# A decode group is split when a request needs this many times the blocks of the group's first
+# (shortest) one, bounding padding waste; below `_MIN_SPLIT_BLOCKS` extra blocks it never splits.
+_SPLIT_RATIO = 2
+_MIN_SPLIT_BLOCKS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLayout:
+    """One chunk of the flat batch, as the runner placed it."""
+
+    token_begin: int  # first flat token index
+    num_tokens: int  # >= 1
+    start: int  # position of its first token (tokens before it are in the cache)
+    block_table: Sequence[int]  # the request's device blocks in token order; covers start + num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeGroup:
+    token_begin: int
+    token_end: int  # single-token chunks [token_begin, token_end), one per request
+    block_ids: torch.Tensor  # [B, max_blocks] long, padded with block 0
+    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool: True = attend; None = no padding
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    token_begin: int
+    num_tokens: int  # >= 2
+    context_slots: torch.Tensor | None  # [start + num_tokens] slots of its whole context; None when start == 0
+    mask: torch.Tensor | None  # [num_tokens, start + num_tokens] bool causal-with-prefix; None when start == 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long: cache slot of each flat token's new K/V
+    decode_groups: tuple[DecodeGroup, ...]
+    prefills: tuple[PrefillChunk, ...]
+    chunk_spans: tuple[tuple[int, int, int], ...]  # (token_begin, token_end, start + num_tokens) per chunk
+    sample_indices: torch.Tensor  # [R] long: flat tokens whose logits are returned, in row order
+    num_tokens: int  # T
+
+
+def chunk_slots(layout: ChunkLayout, block_size: int, end: int | None = None) -> list[int]:
+    """Cache slots of positions [layout.start, end) (end defaults to the chunk's end)."""
+    end = layout.start + layout.num_tokens if end is None else end
+    table = layout.block_table
+    if -(-end // block_size) > len(table):
+        raise ValueError(f"block table of {len(table)} blocks cannot hold {end} tokens (block size {block_size})")
+    return [table[p // block_size] * block_size + p % block_size for p in range(layout.start, end)]
+
+
+def _decode_groups(layouts: Sequence[ChunkLayout]) -> list[list[ChunkLayout]]:
+    """Maximal runs of adjacent single-token chunks, split where padding would exceed the ratio."""
+    groups: list[list[ChunkLayout]] = []
+    previous_end = -1
+    for c in layouts:
+        if c.num_tokens != 1:
+            previous_end = -1
+            continue
+        num_blocks = len(c.block_table)
+        if groups and previous_end == c.token_begin:
+            first = len(groups[-1][0].block_table)
+            if not (num_blocks > _SPLIT_RATIO * first and num_blocks - first >= _MIN_SPLIT_BLOCKS):
+                groups[-1].append(c)
+                previous_end = c.token_begin + 1
+                continue
+        groups.append([c])
+        previous_end = c.token_begin + 1
+    return groups
+
+
+def _build_decode_group(group: list[ChunkLayout], block_size: int, device: torch.device) -> DecodeGroup:
+    context_lens = [c.start + 1 for c in group]
+    num_blocks = [-(-n // block_size) for n in context_lens]
+    width = max(num_blocks)
+    rows = [list(c.block_table[:nb]) + [0] * (width - nb) for c, nb in zip(group, num_blocks, strict=True)]
+    block_ids = torch.tensor(rows, dtype=torch.long, device=device)
+    mask = None
+    if any(n != width * block_size for n in context_lens):
+        lens = torch.tensor(context_lens, device=device)
+        mask = (torch.arange(width * block_size, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    begin = group[0].token_begin
+    return DecodeGroup(begin, begin + len(group), block_ids, mask)
+
+
+def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device) -> PrefillChunk:
+    if c.start == 0:
+        return PrefillChunk(c.token_begin, c.num_tokens, None, None)
+    context = c.start + c.num_tokens
+    slots = torch.tensor(chunk_slots(ChunkLayout(0, context, 0, c.block_table), block_size), device=device)
+    rows = torch.arange(c.num_tokens, device=device)[:, None] + c.start
+    mask = torch.arange(context, device=device)[None, :] <= rows
+    return PrefillChunk(c.token_begin, c.num_tokens, slots, mask)
+
+
+def build_metadata(
+    layouts: Sequence[ChunkLayout], sample_indices: Sequence[int], *, block_size: int, device: torch.device
+) -> AttentionMetadata:
+    """Metadata for one step. `layouts` tile the flat batch in order (token_begin increasing, no gaps)."""
+    slots: list[int] = []
+    for c in layouts:
+        if c.token_begin != len(slots):
+            raise ValueError(
+                f"chunk layouts must tile the flat batch: expected token {len(slots)}, got {c.token_begin}"
+            )
+        slots.extend(chunk_slots(c, block_size))
+    if len(set(slots)) != len(slots):
+        raise ValueError("two tokens of one step write the same KV cache slot")
+    groups = tuple(_build_decode_group(g, block_size, device) for g in _decode_groups(layouts))
+    prefills = tuple(_build_prefill(c, block_size, device) for c in layouts if c.num_tokens > 1)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        decode_groups=groups,
+        prefills=prefills,
+        chunk_spans=tuple((c.token_begin, c.token_begin + c.num_tokens, c.start + c.num_tokens) for c in layouts),
+        sample_indices=torch.tensor(list(sample_indices), dtype=torch.long, device=device),
+        num_tokens=len(slots),
+    )
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """q [B, Hq, n, d]; k, v [B, Hkv, L, d]; grouped-query heads without materialising repeated K/V."""
+    gqa = q.shape[1] != k.shape[1]
+    causal = mask is None and q.shape[2] > 1
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """Attention output [T, num_heads, head_dim] for q [T, num_heads, head_dim], new k, v [T, num_kv_heads, head_dim].
+
+    Writes k, v into `cache` (key, value caches [num_blocks, block_size, num_kv_heads, head_dim]) first.
+    """
+    key_cache, value_cache = cache
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    flat_keys = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_values = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_keys.index_copy_(0, meta.slot_mapping, k)
+    flat_values.index_copy_(0, meta.slot_mapping, v)
+    out = torch.empty_like(q)
+    for g in meta.decode_groups:
+        rows, width = g.block_ids.shape
+        index = g.block_ids.view(-1)
+        keys = key_cache.index_select(0, index).view(rows, width * block_size, num_kv_heads, head_dim)
+        values = value_cache.index_select(0, index).view(rows, width * block_size, num_kv_heads, head_dim)
+        query = q[g.token_begin : g.token_end].unsqueeze(2)  # [B, Hq, 1, d]
+        o = _sdpa(query, keys.transpose(1, 2), values.transpose(1, 2), g.mask, scale)
+        out[g.token_begin : g.token_end] = o.squeeze(2)
+    for p in meta.prefills:
+        end = p.token_begin + p.num_tokens
+        if p.context_slots is None:
+            keys, values = k[p.token_begin : end], v[p.token_begin : end]
+        else:
+            keys, values = flat_keys.index_select(0, p.context_slots), flat_values.index_select(0, p.context_slots)
+        query = q[p.token_begin : end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, d]
+        o = _sdpa(query, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0), p.mask, scale)
+        out[p.token_begin : end] = o[0].transpose(0, 1)
+    return out

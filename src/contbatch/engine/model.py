@@ -1,0 +1,170 @@
+"""The engine's own Llama-family decoder (llama, mistral, qwen2) for inference over a flat batch.
+
+What it owns: the weights, in the layout the matmul prefers (pre-transposed `[in, out]` for
+`x @ W_t`, with q/k/v fused into one matrix and gate/up into another), and `forward`, which runs
+one step: flat token ids and positions in, logits out only for the rows that are sampled.
+
+Numerics follow transformers: RMSNorm in float32 then cast back, cos/sin computed in float32 and
+cast to the model dtype, softmax inside scaled-dot-product attention. float32 on CPU;
+float16/bfloat16 only on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from contbatch.engine.attention import AttentionMetadata, paged_attention
+from contbatch.engine.kv_cache import PagedKVCache
+from contbatch.engine.rope import RotaryEmbedding, apply_rotary
+from contbatch.engine.spec import ModelSpec
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """float32 on CPU (half precision is several times slower there); the requested dtype on CUDA."""
+    dtype = getattr(torch, name) if isinstance(name, str) else name
+    if dtype is None:
+        return torch.float32
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype {name!r} is not supported (float32, float16, bfloat16)")
+    if device.type == "cpu" and dtype != torch.float32:
+        raise ValueError(f"dtype {name!r} is CUDA-only here; use float32 on CPU")
+    return dtype
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [H]
+    qkv_t: torch.Tensor  # [H, q_size + 2 * kv_size]
+    qkv_bias: torch.Tensor | None
+    o_t: torch.Tensor  # [q_size, H]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [H]
+    gate_up_t: torch.Tensor  # [H, 2 * I]
+    gate_up_bias: torch.Tensor | None
+    down_t: torch.Tensor  # [I, H]
+    down_bias: torch.Tensor | None
+
+
+def _fuse_t(
+    weights: Mapping[str, torch.Tensor], names: list[str], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The named [out, in] matrices concatenated along out, transposed to a contiguous [in, out]."""
+    fused = torch.cat([weights[n].to(device=device, dtype=dtype) for n in names], dim=0)
+    return fused.t().contiguous()
+
+
+def _fuse_bias(
+    weights: Mapping[str, torch.Tensor], names: list[str], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
+    if names[0] not in weights:
+        return None
+    return torch.cat([weights[n].to(device=device, dtype=dtype) for n in names], dim=0)
+
+
+def _layer(weights: Mapping[str, torch.Tensor], i: int, dtype: torch.dtype, device: torch.device) -> LayerWeights:
+    p = f"model.layers.{i}."
+    qkv = [f"{p}self_attn.{n}_proj.weight" for n in "qkv"]
+    gate_up = [f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]
+
+    def one(name: str) -> torch.Tensor:
+        return weights[name].to(device=device, dtype=dtype)
+
+    def bias(name: str) -> torch.Tensor | None:
+        return one(name) if name in weights else None
+
+    return LayerWeights(
+        input_norm=one(f"{p}input_layernorm.weight"),
+        qkv_t=_fuse_t(weights, qkv, dtype, device),
+        qkv_bias=_fuse_bias(weights, [n.replace(".weight", ".bias") for n in qkv], dtype, device),
+        o_t=_fuse_t(weights, [f"{p}self_attn.o_proj.weight"], dtype, device),
+        o_bias=bias(f"{p}self_attn.o_proj.bias"),
+        post_norm=one(f"{p}post_attention_layernorm.weight"),
+        gate_up_t=_fuse_t(weights, gate_up, dtype, device),
+        gate_up_bias=_fuse_bias(weights, [n.replace(".weight", ".bias") for n in gate_up], dtype, device),
+        down_t=_fuse_t(weights, [f"{p}mlp.down_proj.weight"], dtype, device),
+        down_bias=bias(f"{p}mlp.down_proj.bias"),
+    )
+
+
+def _matmul(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x @ w_t if bias is None else torch.addmm(bias, x, w_t)
+
+
+class LlamaModel:
+    """Inference-only decoder; `forward` is the only entry point (no autograd, no module hooks)."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        weights: Mapping[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        """`weights`: transformers names (`model.layers.0.self_attn.q_proj.weight`, ...), as the loader checks them."""
+        self.spec = spec
+        self.device = torch.device(device) if device is not None else default_device()
+        self.dtype = resolve_dtype(dtype, self.device)
+        with torch.no_grad():
+            self.embed = weights["model.embed_tokens.weight"].to(device=self.device, dtype=self.dtype)
+            self.layers = [_layer(weights, i, self.dtype, self.device) for i in range(spec.num_layers)]
+            self.final_norm = weights["model.norm.weight"].to(device=self.device, dtype=self.dtype)
+            head = self.embed if spec.tie_word_embeddings else weights["lm_head.weight"]
+            # A contiguous transposed copy even when tied: `x @ W_t` streams the matrix faster than F.linear.
+            self.lm_head_t = head.to(device=self.device, dtype=self.dtype).t().contiguous()
+        self.rotary = RotaryEmbedding(spec, dtype=self.dtype, device=self.device)
+        self.scale = spec.head_dim**-0.5
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        return weight * h.to(x.dtype)
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        layer: LayerWeights,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        cos, sin = rope
+        s = self.spec
+        qkv = _matmul(x, layer.qkv_t, layer.qkv_bias)
+        q, k, v = torch.split(qkv, [s.q_size, s.kv_size, s.kv_size], dim=-1)
+        q = apply_rotary(q.view(-1, s.num_heads, s.head_dim), cos, sin)
+        k = apply_rotary(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
+        v = v.reshape(-1, s.num_kv_heads, s.head_dim)
+        o = paged_attention(q, k, v, cache, meta, scale=self.scale)
+        return _matmul(o.view(-1, s.q_size), layer.o_t, layer.o_bias)
+
+    def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        gate_up = _matmul(x, layer.gate_up_t, layer.gate_up_bias)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return _matmul(F.silu(gate) * up, layer.down_t, layer.down_bias)
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: PagedKVCache
+    ) -> torch.Tensor:
+        """Logits [len(meta.sample_indices), vocab] (float32) for flat `input_ids`, `positions` [T].
+
+        Writes every token's K/V into `kv_cache` at `meta.slot_mapping`.
+        """
+        if input_ids.shape != positions.shape or input_ids.shape[0] != meta.num_tokens:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} / positions / metadata disagree on the token count")
+        h = self.embed.index_select(0, input_ids)
+        rope = self.rotary.cos_sin(positions, meta.chunk_spans)
+        for i, layer in enumerate(self.layers):
+            h = h + self._attention(self._rms_norm(h, layer.input_norm), layer, rope, meta, kv_cache.layer(i))
+            h = h + self._mlp(self._rms_norm(h, layer.post_norm), layer)
+        h = self._rms_norm(h.index_select(0, meta.sample_indices), self.final_norm)
+        return (h @ self.lm_head_t).float()

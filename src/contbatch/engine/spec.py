@@ -1,0 +1,300 @@
+"""`ModelSpec`: the shape of a Llama-family model, parsed from a Hugging Face `config.json`.
+
+What it owns: turning the config dict (transformers 4.x or 5.x spellings) into one frozen,
+validated description. Supported `model_type`s: llama, mistral, qwen2 (the same decoder: RMSNorm,
+RoPE, grouped-query attention, SwiGLU MLP). Anything else raises `UnsupportedModel`; a missing or
+ill-typed field raises `CheckpointError`; both messages name the field and the file.
+
+Spellings accepted:
+- RoPE: 5.x `rope_parameters` {rope_type, rope_theta, ...}; 4.x `rope_theta` + `rope_scaling`
+  {type | rope_type, ...}. Types implemented: default, linear, dynamic, llama3, yarn.
+- dtype: 5.x `dtype`, 4.x `torch_dtype`.
+
+Invariants of a `ModelSpec`: num_heads % num_kv_heads == 0; head_dim even; max_model_len <=
+the length the RoPE configuration supports; no sliding window shorter than max_model_len.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from contbatch.engine.errors import CheckpointError, UnsupportedModel
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeSpec:
+    """Rotary embedding parameters (transformers' `rope_parameters` after standardisation)."""
+
+    rope_type: str = "default"  # one of SUPPORTED_ROPE_TYPES
+    theta: float = 10000.0
+    factor: float = 1.0  # linear, dynamic, llama3, yarn
+    original_max_position_embeddings: int | None = None  # llama3, yarn
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: None means derived from factor / mscale
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A Llama-family decoder. Counts are `num_*`; sizes are in elements."""
+
+    model_type: str  # llama | mistral | qwen2
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int  # divides num_heads (grouped-query attention; == num_heads for MHA)
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    max_model_len: int  # longest sequence (prompt + output) this engine accepts
+    rope: RopeSpec
+    tie_word_embeddings: bool  # lm_head shares the embedding matrix
+    qkv_bias: bool  # q/k/v projections carry biases (qwen2; llama attention_bias)
+    o_bias: bool  # o_proj carries a bias (llama attention_bias)
+    mlp_bias: bool  # gate/up/down carry biases (llama mlp_bias)
+    dtype: str  # the checkpoint's declared dtype (float32 | float16 | bfloat16)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # config.json and generation_config.json together
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+class _Fields:
+    """Typed reads from one config dict; errors name the field and the file."""
+
+    def __init__(self, raw: Mapping[str, Any], source: str) -> None:
+        self.raw = raw
+        self.source = source
+
+    def error(self, message: str) -> CheckpointError:
+        return CheckpointError(f"{self.source}: {message}")
+
+    def int(self, name: str, default: int | None = None, *, minimum: int = 1) -> int:
+        value = self.raw.get(name)
+        if value is None:
+            if default is None:
+                raise self.error(f"missing required field {name!r}")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.error(f"field {name!r} must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def float(self, name: str, default: float) -> float:
+        value = self.raw.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.error(f"field {name!r} must be a finite number, got {value!r}")
+        return float(value)
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self.raw.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(f"field {name!r} must be true or false, got {value!r}")
+        return value
+
+
+def _token_ids(value: object, name: str, source: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
+        raise CheckpointError(f"{source}: field {name!r} must be a token id or a list of them, got {value!r}")
+    return tuple(items)
+
+
+def _rope_dict(f: _Fields) -> dict[str, Any]:
+    """The RoPE parameters as one dict in the 5.x layout, whichever spelling the file used."""
+    params = f.raw.get("rope_parameters")
+    legacy = f.raw.get("rope_scaling")
+    merged: dict[str, Any] = {}
+    for name, value in (("rope_scaling", legacy), ("rope_parameters", params)):
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise f.error(f"field {name!r} must be an object, got {value!r}")
+        if any(isinstance(v, Mapping) for v in value.values()):
+            raise UnsupportedModel(f"{f.source}: per-layer-type RoPE parameters in {name!r} are not supported")
+        merged.update(value)
+    rope_type = merged.get("rope_type", merged.get("type", "default"))
+    merged["rope_type"] = rope_type
+    if merged.get("rope_theta") is None:
+        merged["rope_theta"] = f.float("rope_theta", 10000.0)
+    if merged.get("partial_rotary_factor", f.raw.get("partial_rotary_factor", 1.0)) not in (None, 1, 1.0):
+        raise UnsupportedModel(f"{f.source}: partial_rotary_factor != 1 is not supported")
+    return merged
+
+
+def _parse_rope(f: _Fields, max_position_embeddings: int) -> RopeSpec:
+    d = _rope_dict(f)
+    rope_type = d["rope_type"]
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModel(
+            f"{f.source}: RoPE type {rope_type!r} is not implemented (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    rf = _Fields(d, f"{f.source} (RoPE parameters)")
+    needs_factor = rope_type != "default"
+    factor = rf.float("factor", 1.0)
+    if needs_factor and d.get("factor") is None and rope_type != "yarn":
+        raise rf.error(f"RoPE type {rope_type!r} needs field 'factor'")
+    original: int | None = None
+    if d.get("original_max_position_embeddings") is not None:
+        original = rf.int("original_max_position_embeddings")
+    elif rope_type in ("llama3", "yarn"):
+        original = max_position_embeddings  # transformers' standardize_rope_params does the same
+    if rope_type == "yarn" and d.get("factor") is None and original is not None:
+        factor = max_position_embeddings / original
+    if rope_type == "llama3":
+        for name in ("low_freq_factor", "high_freq_factor"):
+            if d.get(name) is None:
+                raise rf.error(f"RoPE type 'llama3' needs field {name!r}")
+    return RopeSpec(
+        rope_type=rope_type,
+        theta=rf.float("rope_theta", 10000.0),
+        factor=factor,
+        original_max_position_embeddings=original,
+        low_freq_factor=rf.float("low_freq_factor", 1.0),
+        high_freq_factor=rf.float("high_freq_factor", 4.0),
+        beta_fast=rf.float("beta_fast", 32.0) or 32.0,
+        beta_slow=rf.float("beta_slow", 1.0) or 1.0,
+        attention_factor=None if d.get("attention_factor") is None else rf.float("attention_factor", 1.0),
+        mscale=None if d.get("mscale") is None else rf.float("mscale", 1.0),
+        mscale_all_dim=None if d.get("mscale_all_dim") is None else rf.float("mscale_all_dim", 1.0),
+        truncate=rf.bool("truncate", True),
+    )
+
+
+def _rope_max_len(rope: RopeSpec, max_position_embeddings: int) -> int:
+    """The longest sequence the RoPE configuration is meant for (vLLM's rule for scaled RoPE)."""
+    if rope.rope_type in ("linear", "dynamic"):
+        return int(max_position_embeddings * rope.factor)
+    if rope.rope_type == "yarn" and rope.original_max_position_embeddings is not None:
+        return max(max_position_embeddings, int(rope.original_max_position_embeddings * rope.factor))
+    return max_position_embeddings
+
+
+def _check_sliding_window(f: _Fields, model_type: str, max_model_len: int, num_layers: int) -> None:
+    window = f.raw.get("sliding_window")
+    if model_type == "qwen2":
+        layer_types = f.raw.get("layer_types") or ()
+        uses = f.bool("use_sliding_window", False) and f.int("max_window_layers", num_layers, minimum=0) < num_layers
+        if not (uses or "sliding_attention" in layer_types):
+            return
+    if window is None:
+        return
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise f.error(f"field 'sliding_window' must be a positive integer or null, got {window!r}")
+    if window < max_model_len:
+        raise UnsupportedModel(
+            f"{f.source}: sliding_window={window} < max_model_len={max_model_len}: sliding-window attention is "
+            f"not implemented; load with max_model_len <= {window} (full attention is identical within the window)"
+        )
+
+
+def _dtype_name(f: _Fields) -> str:
+    value = f.raw.get("dtype", f.raw.get("torch_dtype")) or "float32"
+    if isinstance(value, str) and value.startswith("torch."):
+        value = value.removeprefix("torch.")
+    if value not in DTYPE_NAMES:
+        raise UnsupportedModel(f"{f.source}: dtype {value!r} is not supported (supported: {', '.join(DTYPE_NAMES)})")
+    return str(value)
+
+
+def _check_architecture(f: _Fields) -> str:
+    model_type = f.raw.get("model_type")
+    if model_type is None:
+        raise f.error("missing required field 'model_type'")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModel(
+            f"{f.source}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    if f.raw.get("quantization_config") is not None:
+        raise UnsupportedModel(f"{f.source}: quantized checkpoints (quantization_config) are not supported")
+    act = f.raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModel(f"{f.source}: hidden_act {act!r} is not supported (only 'silu')")
+    return str(model_type)
+
+
+def _attention_shape(f: _Fields) -> tuple[int, int, int, int]:
+    """(hidden_size, num_heads, num_kv_heads, head_dim), checked for grouped-query attention and RoPE."""
+    hidden, num_heads = f.int("hidden_size"), f.int("num_attention_heads")
+    num_kv_heads = f.int("num_key_value_heads", num_heads)
+    head_dim = f.int("head_dim", hidden // num_heads)
+    if num_heads % num_kv_heads:
+        raise f.error(f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
+    if head_dim % 2:
+        raise f.error(f"head_dim={head_dim} must be even for rotary embeddings")
+    return hidden, num_heads, num_kv_heads, head_dim
+
+
+def parse_config(
+    raw: Mapping[str, Any],
+    *,
+    source: str = "config.json",
+    generation_config: Mapping[str, Any] | None = None,
+    max_model_len: int | None = None,
+) -> ModelSpec:
+    """A validated `ModelSpec` from a parsed `config.json` (and optional `generation_config.json`).
+
+    `max_model_len` lowers the longest accepted sequence (it may not exceed what RoPE supports).
+    """
+    f = _Fields(raw, source)
+    model_type = _check_architecture(f)
+    hidden, num_heads, num_kv_heads, head_dim = _attention_shape(f)
+    num_layers = f.int("num_hidden_layers")
+    max_pos = f.int("max_position_embeddings", 2048)
+    rope = _parse_rope(f, max_pos)
+    limit = _rope_max_len(rope, max_pos)
+    if max_model_len is not None and not 1 <= max_model_len <= limit:
+        raise UnsupportedModel(f"{source}: max_model_len={max_model_len} must be in [1, {limit}] for this model")
+    model_len = max_model_len or limit
+    _check_sliding_window(f, model_type, model_len, num_layers)
+    attention_bias = f.bool("attention_bias", False)
+    eos = _token_ids(raw.get("eos_token_id"), "eos_token_id", source)
+    if generation_config is not None:
+        eos += _token_ids(generation_config.get("eos_token_id"), "eos_token_id", "generation_config.json")
+    bos = _token_ids(raw.get("bos_token_id"), "bos_token_id", source)
+    return ModelSpec(
+        model_type=model_type,
+        vocab_size=f.int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=f.int("intermediate_size"),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=f.float("rms_norm_eps", 1e-6),
+        max_position_embeddings=max_pos,
+        max_model_len=model_len,
+        rope=rope,
+        tie_word_embeddings=f.bool("tie_word_embeddings", False),
+        qkv_bias=model_type == "qwen2" or (model_type == "llama" and attention_bias),
+        o_bias=model_type == "llama" and attention_bias,
+        mlp_bias=model_type == "llama" and f.bool("mlp_bias", False),
+        dtype=_dtype_name(f),
+        bos_token_id=bos[0] if bos else None,
+        eos_token_ids=tuple(dict.fromkeys(eos)),
+    )
