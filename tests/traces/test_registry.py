@@ -12,13 +12,15 @@ from contbatch.traces import Trace, TraceError, TraceRequest, builtin_trace_name
 
 from ._helpers import WriteFile, assert_located
 
-SHARED_CSV = Path("/work/shared/data/AzureLLMInferenceTrace_code_2023.csv")
+# the project's shared folder sits beside the repository (checked only where it is present)
+SHARED_CSV = Path(__file__).resolve().parents[3] / "shared" / "data" / "AzureLLMInferenceTrace_code_2023.csv"
 
 
 def test_builtin_names() -> None:
     assert builtin_trace_names() == (
         "seed",
         "azure-code",
+        "seed-scaled",
         "kv-pressure",
         "long-prompt",
         "multi-tenant",
@@ -90,7 +92,7 @@ def test_unknown_name() -> None:
     with pytest.raises(TraceError) as info:
         load_trace("nope")
     message = str(info.value)
-    assert message.startswith("unknown trace 'nope': not a built-in (seed, azure-code, kv-pressure, ")
+    assert message.startswith("unknown trace 'nope': not a built-in (seed, azure-code, seed-scaled, kv-pressure, ")
     assert message.endswith(", prefix-share) and no such file")
 
 

@@ -20,6 +20,7 @@ from contbatch.traces.synthetic import mean_rate
 # sha256 of each built-in's JSONL export. A built-in is a fixed benchmark: if one of these changes,
 # every number measured on it changes too, so update a hash only on purpose (and say so).
 GOLDEN_SHA256 = {
+    "seed-scaled": "4676d270f6da618b15d5f9498dac501d1a14743ad13e180986f94eb0f22fcb27",
     "kv-pressure": "c531e9062f53dee9c0ba6245bbb973f3c2aa8cd6705ddf8d5e16a7db90a64207",
     "long-prompt": "4f3dcc609de560960815aefe7f67fe6f9c3aedd6d2421f50588f0efd401feb7a",
     "multi-tenant": "4d2f8f687a8634d41b17e22d0764d73737a423429d9ccfbc5db3775d1a694e8c",
@@ -66,7 +67,7 @@ def test_every_scenario_is_a_builtin_after_seed_and_azure() -> None:
 def test_scenario_loads_and_describes_itself(name: str) -> None:
     trace = load_trace(name)
     assert (trace.name, trace.time_unit) == (name, "s")
-    assert trace.source.startswith("synthetic (contbatch.traces.synthetic, seed ")
+    assert trace.source.startswith(("synthetic (contbatch.traces.synthetic, seed ", "contbatch: "))
     assert "; for " in trace.source  # what it is for
     assert load_trace(name) is trace  # generated once, cached
     assert trace.requests[0].arrival_ts == 0.0

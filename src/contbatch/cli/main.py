@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from contbatch import __version__
 from contbatch.cli.bench_cmd import add_bench_parser, run_bench_command
 from contbatch.cli.capacity_cmd import add_capacity_parser, run_capacity_command
+from contbatch.cli.engine_cmd import add_engine_parsers, run_generate_command, run_run_command
 from contbatch.cli.options import UsageError, add_run_flags, add_vary_flags, resolve
 from contbatch.cli.report import run_all, to_document, to_json, to_text, write_out_dir
 from contbatch.cli.serve_cmd import add_serve_parser, run_serve_command
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_flags(compare)
     add_vary_flags(compare)
     add_capacity_parser(commands)
+    add_engine_parsers(commands)
     add_sweep_parser(commands)
     add_serve_parser(commands)
     add_bench_parser(commands)
@@ -86,6 +88,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "simulate": _run_simulation_command,
     "compare": _run_simulation_command,
     "capacity": run_capacity_command,
+    "generate": run_generate_command,
+    "run": run_run_command,
     "sweep": run_sweep_command,
     "serve": run_serve_command,
     "bench": run_bench_command,

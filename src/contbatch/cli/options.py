@@ -122,14 +122,14 @@ def add_vary_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions:
-    cost = _cost(args.cost)
+    cost = cost_model(args.cost)
     preset = args.preset or ("seed" if isinstance(cost, UnitCost) else "engine")
     trace = _trace(args.trace, cost.time_unit)
     streaming = bool(getattr(args, "streaming", False))
     if streaming and (getattr(args, "plot", None) is not None or args.by in ("tenant", "priority")):
         raise UsageError("--streaming keeps no timelines: it cannot be combined with --plot or --by")
     per_request = {"on": True, "off": False}.get(args.per_request, len(trace) <= 64) and not streaming
-    config = _config(preset, cost, args.overrides)
+    config = scheduler_config(preset, cost, args.overrides)
     if not 0.0 <= args.spec_acceptance <= 1.0:
         raise UsageError(f"--spec-acceptance must be in [0, 1], got {args.spec_acceptance}")
     return RunOptions(
@@ -138,7 +138,7 @@ def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions
         cost=cost,
         preset=preset,
         config=config,
-        preset_config=_config(preset, cost, []),
+        preset_config=scheduler_config(preset, cost, []),
         variants=_variants(_schedulers(schedulers), config, _vary_spec(args)),
         slo=_slo(args.slo) if args.slo else None,
         acceptance_rate=args.spec_acceptance,
@@ -151,7 +151,7 @@ def resolve(args: argparse.Namespace, schedulers: tuple[str, ...]) -> RunOptions
     )
 
 
-def _cost(spec: str) -> CostModel:
+def cost_model(spec: str) -> CostModel:
     try:
         return parse_cost(spec)
     except CostSpecError as exc:
@@ -171,7 +171,7 @@ def _trace(spec: str, clock_unit: str) -> Trace:
     return trace
 
 
-def _config(preset: str, cost: CostModel, overrides: list[str]) -> SchedulerConfig:
+def scheduler_config(preset: str, cost: CostModel, overrides: list[str]) -> SchedulerConfig:
     base = seed_config(cost.capacity) if preset == "seed" and isinstance(cost, UnitCost) else PRESETS[preset]
     values: dict[str, Any] = {}
     for item in overrides:

@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import Any
 
-from contbatch.cli.options import UsageError, _config, _cost
+from contbatch.cli.options import UsageError, cost_model, scheduler_config
 from contbatch.core import SCHEDULERS
 from contbatch.core.config import PRESETS
 
@@ -72,8 +72,9 @@ def build_app(args: argparse.Namespace) -> Any:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     if args.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    cost = _cost(args.cost) if args.backend == "sim" else None
-    config = _config(args.preset, cost if cost is not None else AffineCost(), [*SERVER_DEFAULTS, *args.overrides])
+    cost = cost_model(args.cost) if args.backend == "sim" else None
+    overrides = [*SERVER_DEFAULTS, *args.overrides]
+    config = scheduler_config(args.preset, cost if cost is not None else AffineCost(), overrides)
     try:
         backend = make_backend(
             args.backend, config, cost=cost, model=args.model, served_model_name=args.served_model_name

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contbatch.core import ContinuousScheduler, FinishReason, Request, SchedulerConfig
+from contbatch.core import FinishReason, Request, SchedulerConfig, make_scheduler
 from contbatch.core.config import KVConfig
 from contbatch.core.outputs import SchedulerOutput
 from contbatch.engine.demo import ensure_demo_model
@@ -42,6 +42,7 @@ class EngineConfig:
     device: str | None = None  # None: cuda when present, else cpu
     seed: int = 0
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(kv=KVConfig()))
+    scheduler_kind: str = "continuous"  # or "static" (batch barrier; for comparisons)
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory <= 0:
@@ -68,24 +69,30 @@ class _Live:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, share: LLMEngine | None = None) -> None:
+        """Load the model (or `share` another engine's model, cache and tokenizer: its KV data
+        is only scratch between runs, the new scheduler hands the blocks out afresh)."""
         self.config = config = config or EngineConfig()
-        path = Path(config.model) if config.model is not None else ensure_demo_model()
-        self.model_path = path
-        self.runner = ModelRunner.from_checkpoint(
-            path,
-            kv_memory_bytes=config.kv_cache_memory,
-            block_size=config.block_size,
-            device=config.device,
-            dtype=config.dtype,
-            seed=config.seed,
-        )
-        self.tokenizer = Tokenizer.from_dir(path)
+        if share is not None:
+            self.model_path, self.runner, self.tokenizer = share.model_path, share.runner, share.tokenizer
+        else:
+            self.model_path = Path(config.model) if config.model is not None else ensure_demo_model()
+            self.runner = ModelRunner.from_checkpoint(
+                self.model_path,
+                kv_memory_bytes=config.kv_cache_memory,
+                block_size=config.block_size,
+                device=config.device,
+                dtype=config.dtype,
+                seed=config.seed,
+            )
+            self.tokenizer = Tokenizer.from_dir(self.model_path)
         spec = self.runner.spec
         kv = config.scheduler.kv or KVConfig()
         kv = dataclasses.replace(kv, num_blocks=self.runner.kv_cache.num_blocks, block_size=config.block_size)
         limit = min(config.scheduler.max_model_len or spec.max_model_len, spec.max_model_len)
-        self.scheduler = ContinuousScheduler(dataclasses.replace(config.scheduler, kv=kv, max_model_len=limit))
+        self.scheduler = make_scheduler(
+            config.scheduler_kind, dataclasses.replace(config.scheduler, kv=kv, max_model_len=limit)
+        )
         self._live: dict[str, _Live] = {}
         self._next_id = 0
 

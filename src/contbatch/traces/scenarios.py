@@ -169,7 +169,25 @@ def prefix_share() -> Trace:
     return _trace("prefix-share", requests, seed, description)
 
 
+@functools.cache
+def seed_scaled() -> Trace:
+    """The specification's three requests, made big enough for a real engine: prompts x64,
+    outputs x32, C arriving at 0.6 s (after B is done and while A still decodes, on the demo
+    model on a 2-core CPU), in seconds."""
+    requests = (
+        TraceRequest("A", 0.0, 4 * 64, 5 * 32),
+        TraceRequest("B", 0.0, 2 * 64, 2 * 32),
+        TraceRequest("C", 0.6, 3 * 64, 4 * 32),
+    )
+    description = (
+        "the specification's worked example scaled for a real engine: A=(0 s, 256, 160), B=(0 s, 128, 64), "
+        "C=(0.6 s, 192, 128) as (arrival, prompt tokens, output tokens); for contbatch run"
+    )
+    return Trace(name="seed-scaled", requests=requests, time_unit="s", source="contbatch: " + description)
+
+
 SCENARIOS: dict[str, Callable[[], Trace]] = {
+    "seed-scaled": seed_scaled,
     "kv-pressure": kv_pressure,
     "long-prompt": long_prompt,
     "multi-tenant": multi_tenant,
