@@ -87,6 +87,7 @@ def test_ensure_demo_model_creates_once_in_the_cache(tmp_path: Path, monkeypatch
     assert calls[0].parent == first.parent and calls[0] != first  # built aside, then renamed
     assert ensure_demo_model() == first and len(calls) == 1
     assert [p.name for p in first.parent.iterdir()] == ["demo-model"]  # no staging left behind
+    assert first.stat().st_mode & 0o777 == 0o755 and (first / "model.safetensors").stat().st_mode & 0o777 == 0o644
 
 
 def test_ensure_demo_model_loses_a_race_gracefully(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,6 @@ import pytest
 from contbatch.cli.main import main
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.server.backends import BackendError, make_backend
-from contbatch.server.backends.engine import MISSING
 from contbatch.server.backends.sim import PacedSimExecutor, SimBackend, count_tokens, tokenize
 from contbatch.server.types import Submission
 from server.harness import MODEL, RunningServer, sim_backend
@@ -121,13 +120,11 @@ def test_shutdown_cancels_in_flight_streams_and_refuses_new_requests(make_server
     assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
 
 
-def test_the_engine_backend_names_what_it_needs() -> None:
+def test_the_engine_backend_refuses_a_checkpoint_it_cannot_load() -> None:
     from contbatch.core.config import PRESETS
 
-    with pytest.raises(BackendError) as info:
-        make_backend("engine", PRESETS["engine"], model=None)
-    message = str(info.value)
-    assert MISSING in message or "--model" in message
+    with pytest.raises(BackendError, match="cannot load the model"):
+        make_backend("engine", PRESETS["engine"], model="/nonexistent/checkpoint")
     with pytest.raises(BackendError, match="unknown backend"):
         make_backend("tpu", PRESETS["engine"])
 
@@ -135,7 +132,7 @@ def test_the_engine_backend_names_what_it_needs() -> None:
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--backend", "engine"], "engine backend"),
+        (["--backend", "engine", "--model", "/nonexistent/checkpoint"], "cannot load the model"),
         (["--backend", "sim", "--cost", "unit:8"], "seconds"),
         (["--backend", "sim", "--set", "bogus=1"], "bogus"),
         (["--backend", "sim", "--cost", "affine:nope=1"], "nope"),

@@ -8,3 +8,7 @@ demo model), `runner` (`ModelRunner.execute(SchedulerOutput) -> StepResult`).
 Layering: imports `contbatch.core`, torch, tokenizers, safetensors, jinja2, numpy; never
 `contbatch.sim`, asyncio or a web framework.
 """
+
+from contbatch.engine.serving import make_server_backend
+
+__all__ = ["make_server_backend"]

@@ -207,6 +207,10 @@ def ensure_demo_model(path: str | Path | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         create_demo_model(staging)
+        # mkdtemp and safetensors create owner-only entries; the cache is meant to be shared like any other.
+        for entry in staging.iterdir():
+            entry.chmod(0o644)
+        staging.chmod(0o755)
         try:
             staging.rename(target)
         except OSError:

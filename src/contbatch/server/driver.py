@@ -74,6 +74,9 @@ class Driver:
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
+        bind = getattr(executor, "bind", None)
+        if bind is not None:  # an executor that reads the scheduler's state (the engine's block tables)
+            bind(scheduler)
         self.observer = observer
         self._clock = clock
         self._cond = threading.Condition()

@@ -8,12 +8,12 @@ fulfils, by exposing one function::
         config: SchedulerConfig, *, model: str, served_model_name: str | None
     ) -> contbatch.server.backends.base.Backend
 
-It loads the checkpoint directory `model`, may adjust `config` (e.g. size the KV cache from the
-memory it finds) and returns a `Backend`: a tokenizer and chat template usable from any thread,
-and an executor (`contbatch.server.executor.Executor`) whose `execute(out)` runs the model forward
-and sampling for one `SchedulerOutput` (sampling parameters come with `add_request`; finished
-requests are in `out.finished_ids`), and whose `detokenize` turns output ids into text
-incrementally.
+It loads the checkpoint directory `model` (the built-in demo model when None), may adjust
+`config` (e.g. size the KV cache from the memory it finds) and returns a `Backend`: a tokenizer
+and chat template usable from any thread, and an executor (`contbatch.server.executor.Executor`)
+whose `execute(out)` runs the model forward and sampling for one `SchedulerOutput` (sampling
+parameters come with `add_request`; finished requests are in `out.finished_ids`), and whose
+`detokenize` turns output ids into text incrementally.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def make_engine_backend(config: SchedulerConfig, *, model: str | None, served_mo
     entry = getattr(engine, ENTRY_POINT, None)
     if entry is None:
         raise BackendError(f"{MISSING}: contbatch.engine has no {ENTRY_POINT}() entry point yet")
-    if not model:
-        raise BackendError("the engine backend needs --model, a local checkpoint directory")
-    backend: Backend = entry(config, model=model, served_model_name=served_model_name)
+    try:
+        backend: Backend = entry(config, model=model, served_model_name=served_model_name)
+    except (OSError, ValueError) as exc:  # an unreadable or unsupported checkpoint
+        raise BackendError(f"cannot load the model: {exc}") from None
     return backend
