@@ -218,3 +218,23 @@ def test_prefill_first_admits_nobody_in_a_step_that_preempted() -> None:
         if out.preempted_ids:
             admitted = [r.request_id for r in (a, b) if float(t) in r.timeline.scheduled_ts]
             assert not admitted, f"t={t}: {admitted} admitted in a step that preempted {out.preempted_ids}"
+
+
+def test_prefill_first_with_drafts_gives_back_blocks_a_smaller_chunk_does_not_use() -> None:
+    """prefill_first reserves each decode's blocks (with its draft lookahead) before admission; a
+    decode then given less budget (no draft) must not keep the extra block (found by CI's
+    hypothesis run: 'r3' held 3 blocks for 2 tokens)."""
+    from contbatch.core import check_invariants
+    from contbatch.sim import UnitCost, simulate
+    from contbatch.traces import Trace, TraceRequest
+
+    kv = KVConfig(block_size=1, num_blocks=5, watermark=0.0, admission="estimate", estimate_init_ratio=0.0,
+                  estimate_min_ratio=0.0, estimate_bump=0.1)  # fmt: skip
+    config = SchedulerConfig(max_num_batched_tokens=2, max_num_seqs=None, prefill_first=True,
+                             num_speculative_tokens=1, kv=kv)  # fmt: skip
+    outputs = ((1, 1), (1, 1), (2, 2), (3, 4))
+    trace = Trace("t", tuple(TraceRequest(f"r{i}", 0.0, 1, n, max_output_tokens=m) for i, (n, m) in enumerate(outputs)),
+                  "tick", "regression")  # fmt: skip
+    result = simulate(trace, ContinuousScheduler(config), UnitCost(8), acceptance_rate=0.0, skip_ahead=False,
+                      on_step=lambda s, out, now: check_invariants(s))  # fmt: skip
+    assert all(t.finish_reason is not None for t in result.timelines)

@@ -174,10 +174,11 @@ class Memory:
         """Register the request's now-full prompt blocks for prefix reuse."""
         self.kv.cache_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
 
-    def roll_back(self, request: Request) -> None:
-        """Give back blocks beyond `num_computed_tokens` (rejected speculative drafts)."""
+    def roll_back(self, request: Request, num_tokens: int | None = None) -> None:
+        """Give back blocks beyond `num_tokens` (default: `num_computed_tokens`; rejected
+        speculative drafts, or blocks reserved for a chunk that got less budget)."""
         if self.config.admission != "reserve":
-            self.kv.trim(request.request_id, request.num_computed_tokens)
+            self.kv.trim(request.request_id, request.num_computed_tokens if num_tokens is None else num_tokens)
             self._sync(request)
 
     def release(self, request: Request) -> None:

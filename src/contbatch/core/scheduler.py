@@ -153,12 +153,16 @@ class ContinuousScheduler(Admission):
                 self._reserve_memory(request, chunk, step, now)
 
     def _release_unscheduled(self, step: StepBuilder) -> None:
-        """Decodes that got no budget after all give back the block they reserved."""
+        """Decodes that got less budget than they reserved memory for (none, or fewer draft
+        tokens) give back the blocks they will not use."""
         if self.memory is None:
             return
+        block_size = self.memory.kv.block_size
         for request in self.running:
-            if request.request_id not in step.chunks and request.kv_capacity > request.num_computed_tokens:
-                self.memory.roll_back(request)
+            chunk = step.chunks.get(request.request_id)
+            end = request.num_computed_tokens + (chunk.num_new_tokens if chunk is not None else 0)
+            if request.kv_capacity - end >= block_size:
+                self.memory.roll_back(request, end)
 
     def _reserve_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder, now: float) -> bool:
         """Blocks for `chunk`, preempting victims while the pool is short; False when the request
