@@ -180,19 +180,19 @@ def test_every_timer_fires_exactly_at_next_timer(arrival: float, limit: float) -
 
 
 # -- the waiting-queue bound --------------------------------------------------------------------
-def test_max_waiting_rejects_with_queue_full_and_counts_only_the_waiting() -> None:
-    s = ContinuousScheduler(config(max_waiting=2))
-    a = add(s, "a", 0.0, 2, 3)
+def test_max_waiting_rejects_with_queue_full_beyond_the_free_seats() -> None:
+    s = ContinuousScheduler(config(max_waiting=2))  # one seat (max_num_seqs=1), free at first
+    a = add(s, "a", 0.0, 2, 3)  # takes the free seat at the next step: not counted as waiting
     b = add(s, "b", 0.0, 2, 3)
     c = add(s, "c", 0.0, 2, 3)
-    assert a.status is b.status is RequestStatus.WAITING
-    assert c.finish_reason is FinishReason.REJECTED and c.timeline.finished_ts == 0.0
-    assert "queue is full" in c.finish_detail and "2" in c.finish_detail
+    d = add(s, "d", 0.0, 2, 3)
+    assert a.status is b.status is c.status is RequestStatus.WAITING
+    assert d.finish_reason is FinishReason.REJECTED and d.timeline.finished_ts == 0.0
+    assert "queue is full" in d.finish_detail and "2" in d.finish_detail
     assert s.stats.rejections == {"queue_full": 1}
-    step(s, 0.0)  # a runs (one seat): one place in the queue is free again
-    d = add(s, "d", 1.0, 2, 3)
+    step(s, 0.0)  # a runs: b and c wait, the seat is taken
     e = add(s, "e", 1.0, 2, 3)
-    assert d.status is RequestStatus.WAITING and e.finish_reason is FinishReason.REJECTED
+    assert e.finish_reason is FinishReason.REJECTED
     assert s.stats.rejections == {"queue_full": 2}
     assert s.stats.num_unsent_tokens == 0
 

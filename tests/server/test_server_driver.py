@@ -119,7 +119,7 @@ def test_rejections_name_their_kind() -> None:
     async def main() -> dict[str, RequestEvent]:
         c = Collector(driver)
         c.submit(sub("too-long", prompt=8, max_tokens=5))
-        for rid in ("r1", "r2", "r3"):
+        for rid in ("r1", "r2", "r3", "r4"):
             c.submit(sub(rid, prompt=2, max_tokens=2))
         driver.start()  # all four are applied in one inbox drain
         return {rid: (await c.until_final(rid))[-1] for rid in c.queues}
@@ -129,8 +129,9 @@ def test_rejections_name_their_kind() -> None:
     assert finals["too-long"].finish_reason is FinishReason.REJECTED
     assert finals["too-long"].reject_kind == "max_model_len"
     assert finals["r1"].finish_reason is FinishReason.LENGTH
-    assert finals["r2"].finish_reason is FinishReason.LENGTH  # r1 and r2 fill the waiting queue
-    assert finals["r3"].reject_kind == "queue_full"
+    # r1 takes the free seat, r2 and r3 fill the waiting queue
+    assert finals["r2"].finish_reason is finals["r3"].finish_reason is FinishReason.LENGTH
+    assert finals["r4"].reject_kind == "queue_full"
 
 
 def test_duplicate_request_ids_are_refused() -> None:

@@ -136,7 +136,7 @@ class SchedulerBase(ABC):
         self.requests[request.request_id] = request
         kind, reason = self.rejection(request)
         bound = self.config.lifecycle.max_waiting
-        if not reason and bound is not None and len(self.waiting) >= bound:
+        if not reason and bound is not None and len(self.waiting) >= bound + self._free_seats():
             kind, reason = "queue_full", f"the waiting queue is full ({bound} requests)"
         if reason:
             self.stats.reject(kind)
@@ -144,6 +144,12 @@ class SchedulerBase(ABC):
             return False
         self.waiting.push(request)
         return True
+
+    def _free_seats(self) -> int:
+        """Running slots free now: requests queued for them are about to start, not waiting."""
+        if self.config.max_num_seqs is None:
+            return 0
+        return max(0, self.config.max_num_seqs - len(self.running))
 
     def rejection(self, request: Request) -> tuple[str, str]:
         """(kind, reason) when `request` can never run under this configuration; ("", "") when

@@ -133,7 +133,7 @@ def _parse_weight(text: str) -> tuple[str, float]:
 class LifecycleConfig:
     ttft_timeout: float | None = None  # a request with no output token this long after arrival times out
     request_timeout: float | None = None  # a request unfinished this long after arrival times out
-    max_waiting: int | None = None  # a full waiting queue rejects new requests
+    max_waiting: int | None = None  # a full waiting queue rejects new requests (beyond free running slots)
     output_credits: int | None = None  # tokens generated but not yet read by the client, at most
     max_pause: float | None = None  # a request paused (credits exhausted) this long is ...
     pause_action: str = "preempt"  # ... preempted (its KV freed) or cancelled
