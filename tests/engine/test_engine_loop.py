@@ -124,3 +124,37 @@ def test_llm_generate_returns_text_in_prompt_order(checkpoint: Path) -> None:
     assert [len(o.token_ids) for o in outputs] == [5, 5]
     assert all(o.finish_reason is FinishReason.LENGTH and o.timeline.first_token_ts is not None for o in outputs)
     assert outputs[0].request_id != outputs[1].request_id
+
+
+@pytest.mark.parametrize("variant", ["llama_mha_tied", "rope_llama3", "rope_linear", "qwen2_biases_tied"])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_greedy_equals_transformers_on_tiny_variants(hf_checkpoint: object, variant: str, preemption: str) -> None:
+    """Tiny random checkpoints (no GQA and tied embeddings, rope scaling, Qwen2 biases), several
+    requests at once, chunked prefill (budget 8) and a cache too small for all of them."""
+    from test_engine_model import VARIANTS  # type: ignore[import-not-found]
+
+    model_type, overrides = VARIANTS[variant]
+    ckpt = hf_checkpoint(model_type, **overrides)  # type: ignore[operator]
+    write_tokenizer(ckpt.path, train_tokenizer(vocab_size=300, corpus=["tiny corpus for a tiny model"] * 20))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 211, (n,), generator=g).tolist() for n in (3, 17, 11)]
+    want = []
+    for prompt in prompts:
+        with torch.no_grad():
+            mask = torch.ones(1, len(prompt), dtype=torch.long)
+            ids = ckpt.model.generate(torch.tensor([prompt]), attention_mask=mask, do_sample=False, max_new_tokens=8,
+                                      min_new_tokens=8, pad_token_id=0)  # fmt: skip
+        want.append(ids[0, len(prompt) :].tolist())
+    kv_bytes = (
+        2 * 2 * overrides.get("num_key_value_heads", 2) * overrides.get("head_dim", 16) * 4 * 4
+    )  # per 4-token block
+    kv = KVConfig(block_size=4, preemption=preemption, num_host_blocks=32, watermark=0.0)
+    config = EngineConfig(model=str(ckpt.path), kv_cache_memory=9 * kv_bytes, block_size=4,
+                          scheduler=SchedulerConfig(max_num_batched_tokens=8, kv=kv))  # fmt: skip
+    engine = LLMEngine(config)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    requests = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    assert [r.output_token_ids for r in requests] == want
+    assert engine.scheduler.stats.num_preemptions > 0
