@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from contbatch.core import SCHEDULERS, ConfigError, SchedulerConfig, seed_config
-from contbatch.core.config import PRESETS
+from contbatch.core.config import PRESETS, parse_value
 from contbatch.metrics import SLO
 from contbatch.sim.cost import CostModel, CostSpecError, UnitCost, parse_cost
 from contbatch.traces import Trace, TraceError, builtin_trace_names, load_trace
@@ -178,7 +178,7 @@ def scheduler_config(preset: str, cost: CostModel, overrides: list[str]) -> Sche
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--set {item!r}: expected KEY=VALUE")
-        _put(values, key, _literal(raw.strip()))
+        _put(values, key, parse_value(raw.strip()))
     return _apply(base, values, "--set")
 
 
@@ -201,22 +201,6 @@ def _apply(base: SchedulerConfig, values: dict[str, Any], flag: str) -> Schedule
         return SchedulerConfig.from_dict(values, base=base)
     except ConfigError as exc:
         raise UsageError(f"{flag}: {exc}") from None
-
-
-def _literal(raw: str) -> object:
-    lowered = raw.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    if "/" in raw:
-        return tuple(_literal(part) for part in raw.split("/") if part)
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 def _group_by(choice: str, trace: Trace) -> tuple[str, ...]:
@@ -262,7 +246,7 @@ def _variants(
     for name in schedulers:
         for raw in values:
             change: dict[str, Any] = {}
-            _put(change, key, _literal(raw))
+            _put(change, key, parse_value(raw))
             if key.startswith("kv.") and config.kv is None:
                 raise UsageError(f"--vary {key}: the config has no KV cache (kv=none); set kv.num_blocks first")
             label = raw if len(schedulers) == 1 else f"{name}/{raw}"

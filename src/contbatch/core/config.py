@@ -236,6 +236,24 @@ def _replace(cls: type[Any], base: Any, values: Mapping[str, Any], *, prefix: st
         raise ConfigError(f"scheduler config: {exc}") from exc
 
 
+def parse_value(raw: str) -> object:
+    """A config field's value written as text (`--set KEY=VALUE`, sweep files): true/false,
+    none/null, 1/2/4 (a tuple), an int, a float, else the text itself."""
+    lowered = raw.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    if "/" in raw:
+        return tuple(parse_value(part) for part in raw.split("/") if part)
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def seed_config(token_budget: int = 8) -> SchedulerConfig:
     return SchedulerConfig(
         max_num_batched_tokens=token_budget,

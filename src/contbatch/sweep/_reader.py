@@ -82,20 +82,3 @@ class Reader:
             nested[parts[1]] = value
         else:
             nested.update(self.mapping(where, value))
-
-
-def literal(raw: str) -> object:
-    """A ``--set`` value: true/false, none/null, 1/2/4 (a tuple), an int, a float, else the text."""
-    lowered = raw.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    if "/" in raw:
-        return tuple(literal(part) for part in raw.split("/") if part)
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw

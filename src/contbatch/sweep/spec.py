@@ -44,10 +44,10 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]  # (no stubs installed)
 
 from contbatch.core import SCHEDULERS, ConfigError, SchedulerConfig, seed_config
-from contbatch.core.config import PRESETS
+from contbatch.core.config import PRESETS, parse_value
 from contbatch.metrics import SLO
 from contbatch.sim.cost import CostModel, CostSpecError, UnitCost, parse_cost
-from contbatch.sweep._reader import Reader, SweepError, literal, shown
+from contbatch.sweep._reader import Reader, SweepError, shown
 from contbatch.sweep.columns import with_columns
 from contbatch.sweep.point import PointTask
 from contbatch.traces import Trace, TraceError, builtin_trace_names, load_trace
@@ -287,7 +287,7 @@ def _overrides(reader: Reader, given: object) -> dict[str, Any]:
             key, sep, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
             if not sep or not key.strip():
                 raise reader.fail(f"set[{i}]", f"expected KEY=VALUE, got {shown(item)}")
-            reader.put(values, key, literal(raw.strip()), f"set[{i}]")
+            reader.put(values, key, parse_value(raw.strip()), f"set[{i}]")
     elif given is not None:
         for key, value in reader.mapping("set", given).items():
             reader.put(values, key, tuple(value) if isinstance(value, list) else value, f"set.{key}")
