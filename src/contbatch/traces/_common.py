@@ -13,7 +13,7 @@ import csv
 import io
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,3 +143,23 @@ def assemble_trace(
         if previous != line:
             raise TraceError(f"duplicate id {request.request_id!r} on lines {previous} and {line}", file=label)
     return Trace(name=name, requests=tuple(r for _, r in located), time_unit=time_unit, source=source)
+
+
+def load_file(
+    parse: Callable[..., Trace],
+    path: PathArg,
+    *,
+    time_unit: str,
+    name: str | None,
+    source: str | None,
+    default_source: str | None,
+) -> Trace:
+    """Read the trace file `path` and `parse(text, label, name=, time_unit=, source=)` it. The
+    name defaults to the file stem; the source to `default_source` with ``{file}`` replaced by the
+    path (None: left to the parser)."""
+    label = os.fspath(path)
+    check_time_unit(time_unit, label)
+    if source is None and default_source is not None:
+        source = default_source.format(file=label)
+    return parse(read_text(path), label, name=default_name(label) if name is None else name, time_unit=time_unit,
+                 source=source)  # fmt: skip

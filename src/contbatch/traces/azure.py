@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 import re
 
 from contbatch.traces._common import (
@@ -29,11 +28,9 @@ from contbatch.traces._common import (
     assemble_trace,
     build_request,
     check_header,
-    check_time_unit,
     csv_records,
-    default_name,
     integer_cell,
-    read_text,
+    load_file,
 )
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
 
@@ -53,14 +50,13 @@ def import_azure_csv(
     path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None
 ) -> Trace:
     """Import an Azure LLM inference trace CSV; the name defaults to the file stem."""
-    label = os.fspath(path)
-    check_time_unit(time_unit, label)
-    return parse_azure_csv(
-        read_text(path),
-        label,
-        name=default_name(label) if name is None else name,
+    return load_file(
+        parse_azure_csv,
+        path,
         time_unit=time_unit,
-        source=f"file {label} (Azure LLM inference trace format)" if source is None else source,
+        name=name,
+        source=source,
+        default_source="file {file} (Azure LLM inference trace format)",
     )
 
 

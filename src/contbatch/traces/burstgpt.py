@@ -23,7 +23,6 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-import os
 from fractions import Fraction
 
 from contbatch.traces._columns import check_width, decimal_cell, locate_columns, token_cell
@@ -32,10 +31,8 @@ from contbatch.traces._common import (
     Where,
     assemble_trace,
     build_request,
-    check_time_unit,
     csv_records,
-    default_name,
-    read_text,
+    load_file,
 )
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
 
@@ -60,15 +57,7 @@ def import_burstgpt_csv(
     path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None
 ) -> Trace:
     """Import a BurstGPT CSV; the name defaults to the file stem."""
-    label = os.fspath(path)
-    check_time_unit(time_unit, label)
-    return parse_burstgpt_csv(
-        read_text(path),
-        label,
-        name=default_name(label) if name is None else name,
-        time_unit=time_unit,
-        source=source,
-    )
+    return load_file(parse_burstgpt_csv, path, time_unit=time_unit, name=name, source=source, default_source=None)
 
 
 def parse_burstgpt_csv(text: str, label: str, *, name: str, time_unit: str, source: str | None = None) -> Trace:

@@ -25,7 +25,6 @@ surrounding blanks cannot survive the stripping above, so `write_csv` refuses it
 from __future__ import annotations
 
 import csv
-import os
 import re
 from typing import Any
 
@@ -37,11 +36,9 @@ from contbatch.traces._common import (
     assemble_trace,
     build_request,
     check_header,
-    check_time_unit,
     csv_records,
-    default_name,
     integer_cell,
-    read_text,
+    load_file,
 )
 from contbatch.traces.jsonl import request_to_json
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
@@ -56,14 +53,8 @@ _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
 
 def load_csv(path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None) -> Trace:
     """Load a canonical CSV trace; the name defaults to the file stem."""
-    label = os.fspath(path)
-    check_time_unit(time_unit, label)
-    return parse_canonical_csv(
-        read_text(path),
-        label,
-        name=default_name(label) if name is None else name,
-        time_unit=time_unit,
-        source=f"file {label}" if source is None else source,
+    return load_file(
+        parse_canonical_csv, path, time_unit=time_unit, name=name, source=source, default_source="file {file}"
     )
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 from typing import Any
 
 from contbatch.traces._common import (
@@ -33,25 +32,15 @@ from contbatch.traces._common import (
     Where,
     assemble_trace,
     build_request,
-    check_time_unit,
-    default_name,
+    load_file,
     number_value,
-    read_text,
 )
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
 
 
 def load_jsonl(path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None) -> Trace:
     """Load a canonical JSONL trace; the name defaults to the file stem."""
-    label = os.fspath(path)
-    check_time_unit(time_unit, label)
-    return parse_jsonl(
-        read_text(path),
-        label,
-        name=default_name(label) if name is None else name,
-        time_unit=time_unit,
-        source=f"file {label}" if source is None else source,
-    )
+    return load_file(parse_jsonl, path, time_unit=time_unit, name=name, source=source, default_source="file {file}")
 
 
 def parse_jsonl(text: str, label: str, *, name: str, time_unit: str, source: str) -> Trace:

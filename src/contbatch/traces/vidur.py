@@ -17,18 +17,14 @@ Invariants of the imported trace:
 
 from __future__ import annotations
 
-import os
-
 from contbatch.traces._columns import check_width, decimal_cell, locate_columns, token_cell
 from contbatch.traces._common import (
     PathArg,
     Where,
     assemble_trace,
     build_request,
-    check_time_unit,
     csv_records,
-    default_name,
-    read_text,
+    load_file,
 )
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
 
@@ -44,14 +40,13 @@ def import_vidur_csv(
     path: PathArg, *, time_unit: str = "s", name: str | None = None, source: str | None = None
 ) -> Trace:
     """Import a Vidur trace-replay CSV; the name defaults to the file stem."""
-    label = os.fspath(path)
-    check_time_unit(time_unit, label)
-    return parse_vidur_csv(
-        read_text(path),
-        label,
-        name=default_name(label) if name is None else name,
+    return load_file(
+        parse_vidur_csv,
+        path,
         time_unit=time_unit,
-        source=f"file {label} (Vidur trace-replay format)" if source is None else source,
+        name=name,
+        source=source,
+        default_source="file {file} (Vidur trace-replay format)",
     )
 
 
