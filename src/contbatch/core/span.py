@@ -100,6 +100,12 @@ def plan_decode_span(
     )
 
 
+def may_skip(s: ContinuousScheduler) -> bool:
+    """Cheap pre-check: could the next steps be a decode span at all (no waiting request, no
+    lifecycle timers or credits, no prefix caching, engine semantics)?"""
+    return bool(s.running) and _eligible(s)
+
+
 def _eligible(s: ContinuousScheduler) -> bool:
     cfg = s.config
     memory = s.memory

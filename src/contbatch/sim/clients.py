@@ -59,9 +59,8 @@ class Clients:
                 self.read(scheduler, ts, only=request)
                 scheduler.cancel(rid, ts)
             self._rates.pop(rid, None)
-        for item in reversed(kept):
-            self._cancels.append(item)
-        self._cancels.sort(reverse=True)
+        # kept times are the smallest, popped in ascending order: put back, the list stays sorted
+        self._cancels.extend(reversed(kept))
 
     # -- reading ------------------------------------------------------------------------------
     def _progress(self, request: Request, now: float) -> float:

@@ -31,7 +31,7 @@ from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.request import Request
 from contbatch.core.scheduler import ContinuousScheduler
-from contbatch.core.span import apply_decode_span, plan_decode_span
+from contbatch.core.span import apply_decode_span, may_skip, plan_decode_span
 from contbatch.core.timeline import Timeline
 from contbatch.metrics import SLO, StreamingSummary, summarize
 from contbatch.sim.clients import Clients
@@ -191,7 +191,12 @@ def simulate(
             streaming.fold(clock.num_steps)
         if on_step is not None:
             on_step(scheduler, out, clock.now)
-        if skip_ahead and isinstance(scheduler, ContinuousScheduler) and not clients.reads_slowly(scheduler.running):
+        if (
+            skip_ahead
+            and isinstance(scheduler, ContinuousScheduler)
+            and may_skip(scheduler)  # before the horizon: most steps are not spans, and it is O(1)
+            and not clients.reads_slowly(scheduler.running)
+        ):
             horizon = _next_event(pending, added, clients, scheduler)
             _skip_ahead(
                 scheduler,
