@@ -42,11 +42,15 @@ class SchedulerOutput:
     swapped_out: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # (request id, new device block ids) whose KV moves back from host memory before this step
     swapped_in: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    num_requests: int = 0  # == len(chunks); a span's shape (contbatch.core.span) omits the chunks
+    num_requests: int = 0  # == len(chunks) + num_omitted_decodes
+    # steady decodes (one token each, sampling) left out of `chunks` but counted in every total:
+    # a decode run's step shape (contbatch.core.span), priced without listing its requests
+    num_omitted_decodes: int = 0
 
     def __post_init__(self) -> None:
-        if self.chunks and self.num_requests != len(self.chunks):
-            object.__setattr__(self, "num_requests", len(self.chunks))
+        expected = len(self.chunks) + self.num_omitted_decodes
+        if self.chunks and self.num_requests != expected:
+            object.__setattr__(self, "num_requests", expected)
 
     @property
     def num_swapped_blocks(self) -> int:

@@ -13,7 +13,7 @@ Invariant: the executor never emits more tokens for a request than its trace's o
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.status import FinishReason
@@ -31,14 +31,11 @@ class SimExecutor:
         self._rng = random.Random(seed)
 
     @property
-    def stop_after(self) -> Mapping[str, int]:
-        """Tokens each early-stopping request will still get before its stop."""
+    def stop_after(self) -> MutableMapping[str, int]:
+        """Tokens each early-stopping request will still get before its stop: the live
+        countdowns, which a decode run (`contbatch.core.span`) decrements for the tokens it
+        emits without calling `execute`."""
         return self._remaining
-
-    def consume(self, request_id: str, num_tokens: int) -> None:
-        """`num_tokens` were emitted for `request_id` outside `execute` (a skipped-ahead span)."""
-        if request_id in self._remaining:
-            self._remaining[request_id] -= num_tokens
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         sampled: dict[str, tuple[int, ...]] = {}

@@ -31,7 +31,7 @@ from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.request import Request
 from contbatch.core.scheduler import ContinuousScheduler
-from contbatch.core.span import apply_decode_span, may_skip, plan_decode_span
+from contbatch.core.span import may_run, open_run
 from contbatch.core.timeline import Timeline
 from contbatch.metrics import SLO, StreamingSummary, summarize
 from contbatch.sim.clients import Clients
@@ -101,6 +101,8 @@ def block_hashes(spec: TraceRequest, block_size: int) -> tuple[int, ...]:
 
 
 def make_request(spec: TraceRequest, block_size: int | None = None) -> Request:
+    """The scheduler's request for `spec`; with `block_size`, its prompt block hashes (for
+    prefix caching)."""
     return Request(
         spec.request_id,
         spec.arrival_ts,
@@ -127,13 +129,46 @@ class _Clock:
     kv_area: float = 0.0
     kv_max: float = 0.0
 
-    def step(self, out: SchedulerOutput, duration: float, kv_usage: float) -> None:
+    def step(self, duration: float, num_padding_tokens: int, kv_usage: float) -> None:
         self.now += duration
         self.busy += duration
         self.num_steps += 1
-        self.padding += out.num_padding_tokens
+        self.padding += num_padding_tokens
         self.kv_area += kv_usage * duration
         self.kv_max = max(self.kv_max, kv_usage)
+
+
+class _Arrivals:
+    """The trace's requests, made when due (streaming) or up front, handed to the scheduler in
+    arrival order. Invariant: `num_added` only grows; a request is made once."""
+
+    def __init__(self, pending: tuple[TraceRequest, ...], block_size: int | None, folder: _Folder | None) -> None:
+        self.pending = pending
+        self.block_size = block_size
+        self.folder = folder
+        self.made = [make_request(spec, block_size) for spec in pending] if folder is None else []
+        self.num_added = 0
+        self._due: list[Request] = []  # streaming: made, not added yet
+
+    def next_ts(self) -> float | None:
+        return self.pending[self.num_added].arrival_ts if self.num_added < len(self.pending) else None
+
+    def due(self, now: float) -> list[Request]:
+        """The requests due by `now` not handed over yet, in arrival order."""
+        pending, k = self.pending, self.num_added
+        end = k
+        while end < len(pending) and pending[end].arrival_ts <= now:
+            end += 1
+        if self.folder is None:
+            return self.made[k:end]
+        while len(self._due) < end - k:
+            self._due.append(self.folder.create(pending[k + len(self._due)], self.block_size))
+        return self._due[: end - k]
+
+    def added(self, count: int) -> None:
+        self.num_added += count
+        if self.folder is not None:
+            del self._due[:count]
 
 
 def simulate(
@@ -156,26 +191,27 @@ def simulate(
     once finished (no client cancellations or read rates then)."""
     pending = trace.requests
     kv = scheduler.config.kv
-    block_size = kv.block_size if kv is not None else None
+    block_size = kv.block_size if kv is not None and kv.enable_prefix_caching else None
     streaming = None if keep_timelines else _Folder(pending)
-    requests = [make_request(spec, block_size) for spec in pending] if streaming is None else []
+    arrivals = _Arrivals(pending, block_size, streaming)
+    requests = arrivals.made
     stops = {s.request_id: s.num_output_tokens for s in pending if s.num_output_tokens < s.output_limit}
     executor = SimExecutor(stops, acceptance_rate=acceptance_rate, seed=seed)
     lifecycle = scheduler.config.lifecycle
     # reads matter when tokens can be left unsent: credits, or requests ended by a timeout
     clients = Clients(pending, requests, track_reads=lifecycle.output_credits is not None or lifecycle.has_timeouts)
     clock = _Clock(pending[0].arrival_ts if pending else 0.0)
-    added = 0  # trace requests handed to the scheduler so far
+    pricers = _Pricers(cost)
     while True:
-        while added < len(pending) and pending[added].arrival_ts <= clock.now:
-            request = requests[added] if streaming is None else streaming.create(pending[added], block_size)
+        due = arrivals.due(clock.now)
+        for request in due:
             scheduler.add_request(request, clock.now)
-            added += 1
-        clients.cancel_due(scheduler, clock.now, added)
+        arrivals.added(len(due))
+        clients.cancel_due(scheduler, clock.now, arrivals.num_added)
         clients.read(scheduler, clock.now)
         out = scheduler.schedule(clock.now) if scheduler.has_unfinished() else None
         if out is None or out.is_empty:
-            wake = _next_event(pending, added, clients, scheduler)
+            wake = _next_event(arrivals, clients, scheduler)
             if wake is None or wake <= clock.now:  # everything due by now was handled: nothing can change
                 if scheduler.has_unfinished():
                     raise SimulationStalled(f"{scheduler.name} scheduled nothing at {clock.now} with work pending")
@@ -184,8 +220,8 @@ def simulate(
             continue
         result = executor.execute(out)
         duration = cost.step_time(out)
-        clock.step(out, duration, scheduler.kv_usage)
-        clients.cancel_due(scheduler, clock.now, added)
+        clock.step(duration, out.num_padding_tokens, scheduler.kv_usage)
+        clients.cancel_due(scheduler, clock.now, arrivals.num_added)
         scheduler.update(out, result, clock.now)
         if streaming is not None:
             streaming.fold(clock.num_steps)
@@ -194,20 +230,10 @@ def simulate(
         if (
             skip_ahead
             and isinstance(scheduler, ContinuousScheduler)
-            and may_skip(scheduler)  # before the horizon: most steps are not spans, and it is O(1)
+            and may_run(scheduler)  # O(1): most steps cannot start a run
             and not clients.reads_slowly(scheduler.running)
         ):
-            horizon = _next_event(pending, added, clients, scheduler)
-            _skip_ahead(
-                scheduler,
-                executor,
-                cost,
-                clock,
-                horizon=horizon,
-                cancel_ts=clients.next_cancel_ts(),
-                last_duration=duration,
-                on_step=on_step,
-            )
+            _decode_run(scheduler, executor, pricers, clock, arrivals=arrivals, clients=clients, on_step=on_step)
     return _result(scheduler, cost, requests=requests, clock=clock, clients=clients, streaming=streaming)
 
 
@@ -241,63 +267,106 @@ class _Folder:
         self.live = still
 
 
-SPAN_STEPS = 4096  # the most steps one skip-ahead plans at once
+RUN_STEPS = 1 << 16  # the most steps one decode run takes (bounds its step-time list)
 
 
-def _skip_ahead(
+class _Pricers:
+    """Step prices for decode runs: the cost model's `decode_pricer(decodes, padding)` when it
+    has one (one per batch shape, kept), else `step_time` of the step's shape."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._fast: dict[tuple[int, int], Callable[[int, int], float]] = {}
+        self._make = getattr(cost, "decode_pricer", None)
+
+    def decode_step(self, step_id: int, num_decodes: int, context: int, num_padding: int) -> float:
+        key = (num_decodes, num_padding)
+        price = self._fast.get(key)
+        if price is None:
+            made = self._make(num_decodes, num_padding) if self._make is not None else None
+            price = made if made is not None else self._generic(num_decodes, num_padding)
+            self._fast[key] = price
+        return price(step_id, context)
+
+    def _generic(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float]:
+        step_time = self.cost.step_time
+
+        def price(step_id: int, context: int) -> float:
+            return step_time(decode_shape(step_id, num_decodes, context, num_padding))
+
+        return price
+
+
+def decode_shape(step_id: int, num_decodes: int, context: int, num_padding: int) -> SchedulerOutput:
+    """The shape of a step of `num_decodes` steady decodes (chunks omitted)."""
+    return SchedulerOutput(
+        step_id,
+        (),
+        num_decodes,
+        0,
+        num_decodes,
+        context,
+        num_padding,
+        num_requests=num_decodes,
+        num_omitted_decodes=num_decodes,
+    )
+
+
+def _decode_run(
     scheduler: ContinuousScheduler,
     executor: SimExecutor,
-    cost: CostModel,
+    pricers: _Pricers,
     clock: _Clock,
     *,
-    horizon: float | None,
-    cancel_ts: float | None,
-    last_duration: float,
+    arrivals: _Arrivals,
+    clients: Clients,
     on_step: StepHook | None,
 ) -> None:
-    """Run the coming steps of pure decoding at once, up to the step boundary at which the next
-    outside event (`horizon`) is due, and never through a step during which a client cancels
-    (`cancel_ts`: that step's results must see the cancellation)."""
-    max_steps = SPAN_STEPS
-    if horizon is not None:  # steps only get cheaper as the batch shrinks: this rarely cuts short
-        max_steps = min(max_steps, int((horizon - clock.now) / max(last_duration, 1e-12)) * 2 + 2)
-    span = plan_decode_span(scheduler, executor.stop_after, max_steps)
-    if span is None:
+    """Take the coming steps as a decode run (`contbatch.core.span`) for as long as it lasts:
+    arrivals that fit are admitted inside it, unless clients are tracked (then it stops at the
+    next arrival); it never runs through a step during which a client cancels (that step's
+    results must see the cancellation)."""
+    admits = not clients.track_reads
+    run = open_run(scheduler, executor.stop_after, admits_arrivals=admits)
+    if run is None:
         return
-    memory = scheduler.memory
-    total = memory.kv.num_blocks if memory is not None else 1
-    ends: list[float] = []
-    padding = 0
-    last_out: SchedulerOutput | None = None
-    for out, used in span.steps():
-        if horizon is not None and clock.now >= horizon:
+    cancel_ts = clients.next_cancel_ts()
+    first_step_id = run.first_step_id
+    total_blocks = scheduler.memory.kv.num_blocks if scheduler.memory is not None else 1
+    next_arrival = arrivals.next_ts()
+    no_arrivals: list[Request] = []
+    shape: tuple[int, int, int] = (0, 0, 0)
+    while run.num_steps < RUN_STEPS:
+        due = no_arrivals
+        if next_arrival is not None and clock.now >= next_arrival:
+            if not admits:
+                break
+            due = arrivals.due(clock.now)
+        planned = run.next_step(due, clock.now)
+        if planned is None:
             break
-        duration = cost.step_time(out)
-        if cancel_ts is not None and clock.now + duration >= cancel_ts:
-            break
-        clock.step(out, duration, used / total)
-        ends.append(clock.now)
-        padding += out.num_padding_tokens
-        last_out = out
-    if last_out is None:
-        return
-    for request, left in zip(span.requests, span.steps_left, strict=True):
-        executor.consume(request.request_id, min(len(ends), left))
-    apply_decode_span(scheduler, span, ends, padding)
-    if on_step is not None:
-        on_step(scheduler, last_out, clock.now)
+        n, context, padding, full = planned
+        step_id = first_step_id + run.num_steps
+        if full is None:
+            duration = pricers.decode_step(step_id, n, context, padding)
+            if cancel_ts is not None and clock.now + duration >= cancel_ts:
+                run.abandon()
+                break
+        else:
+            duration = pricers.cost.step_time(full)
+            arrivals.added(len(due))
+            next_arrival = arrivals.next_ts()
+        clock.step(duration, padding, run.usage_blocks() / total_blocks)
+        run.commit(clock.now)
+        shape = (n, context, padding)
+    run.close()
+    if on_step is not None and run.num_steps:
+        on_step(scheduler, decode_shape(first_step_id + run.num_steps - 1, *shape), clock.now)
 
 
-def _next_event(
-    pending: tuple[TraceRequest, ...], num_added: int, clients: Clients, scheduler: SchedulerBase
-) -> float | None:
+def _next_event(arrivals: _Arrivals, clients: Clients, scheduler: SchedulerBase) -> float | None:
     """The earliest future event that may let an idle scheduler run again."""
-    times = [
-        pending[num_added].arrival_ts if num_added < len(pending) else None,
-        clients.next_cancel_ts(),
-        clients.next_read_ts(scheduler),
-        scheduler.next_timer(),
-    ]
+    times = [arrivals.next_ts(), clients.next_cancel_ts(), clients.next_read_ts(scheduler), scheduler.next_timer()]
     found = [t for t in times if t is not None]
     return min(found) if found else None
 

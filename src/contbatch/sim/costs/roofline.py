@@ -49,6 +49,7 @@ context, divided by a block's bytes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from contbatch.core.outputs import SchedulerOutput
@@ -141,6 +142,34 @@ class RooflineCost:
         if self.model.is_moe and cost.flops > 0:
             self.stats.record(out.step_id, cost.imbalance)
         return cost.total_s
+
+    def decode_pricer(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float] | None:
+        """`price(step_id, context)`: what `step_time` gives a step of `num_decodes` steady decodes
+        attending to `context` positions, with `num_padding` padding tokens, computed with the
+        same arithmetic in fewer operations (the simulator's decode runs call it per step).
+        None for a mixture-of-experts model (its steps draw routes) or an empty step."""
+        m, n = self.model, self.num_devices
+        tokens = num_decodes + num_padding
+        if m.is_moe or tokens == 0:
+            return None
+        # each term as _work, _flops, _bytes and StepCost.total_s compute it (same operation order)
+        dense = 2.0 * tokens * m.num_layers * m.dense_params_per_layer
+        per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim
+        head = 2.0 * m.hidden_size * m.vocab_size * tokens
+        experts = 2.0 * m.num_layers * m.params_per_expert * 0
+        lookup = 0 if m.tie_word_embeddings else m.embedding_params
+        params = m.num_params - lookup - m.expert_params + m.num_layers * 0 * m.params_per_expert
+        weights = params * m.bytes_per_value / n
+        kv_per_token = m.kv_bytes_per_token(n)
+        flops_rate, byte_rate = self.device.effective_flops, self.device.effective_bandwidth
+        overhead, allreduce, alltoall = self.overhead_ms / 1000.0, self._allreduce_s(tokens), self._alltoall_s(tokens)
+
+        def price(step_id: int, context: int) -> float:
+            compute = (dense + per_pair * float(context) + head + experts) / n / flops_rate
+            memory = (weights + (context + num_decodes) * kv_per_token) / byte_rate
+            return max(compute, memory) + overhead + allreduce + alltoall + 0.0
+
+        return price
 
     def breakdown(self, out: SchedulerOutput) -> StepCost:
         """The step's roofline terms; pure (records nothing)."""
@@ -241,18 +270,23 @@ class RooflineCost:
 def _attention_and_logits(out: SchedulerOutput) -> tuple[float, int]:
     """(query, key) pairs attention computes and positions the LM head computes.
 
-    A step shape without chunks (a decode span's, `contbatch.core.span`) is priced from its
-    totals: each decode attends to its context and samples, which is exact for pure decoding.
+    Steady decodes a step shape leaves out of its chunks (a decode run's, `contbatch.core.span`)
+    are priced from the totals: each attends to its context and samples one token, which is
+    exact for them. A shape without chunks is all such decodes.
     """
     if not out.chunks:
         return float(out.num_context_tokens), out.num_decode_tokens + out.num_padding_tokens
     attended = 0.0
-    logits = out.num_padding_tokens
+    listed_context = 0
+    logits = out.num_padding_tokens + out.num_omitted_decodes
     for c in out.chunks:
         k = c.num_new_tokens
         attended += k * c.start + k * (k + 1) / 2
+        listed_context += c.start + k
         if c.samples:
             logits += 1 if c.is_prefill else k
+    if out.num_omitted_decodes:
+        attended += out.num_context_tokens - listed_context
     return attended, logits
 
 
