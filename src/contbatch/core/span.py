@@ -29,16 +29,27 @@ scheduler until `close`; `owed` >= 0 and pool free blocks - `owed` >= 0.
 from __future__ import annotations
 
 import heapq
-from collections.abc import MutableMapping, Sequence
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
-from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
-from contbatch.core.queue import WaitingQueue
+from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
 from contbatch.core.request import Request
 from contbatch.core.scheduler import ContinuousScheduler
 from contbatch.core.status import FinishReason
 
 NEVER = 1 << 62  # a run step no run reaches
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Coming steps that decode the same members, nothing else: step j (0-based) decodes
+    `num_decodes` requests attending to `first_context + j * num_decodes` positions, padded by
+    `num_padding` tokens, while `blocks_in_use[j]` KV blocks are in use (owed ones included)."""
+
+    num_decodes: int
+    first_context: int
+    num_padding: int
+    blocks_in_use: list[int]
 
 
 @dataclass(slots=True, eq=False)
@@ -53,7 +64,9 @@ class _Member:
       attends to `base + i - first + 1` positions when it decodes at step i;
     - `grows_from`: the first step at which its context outgrows its blocks (then every
       `block_size` steps); NEVER when it never grows (reserved, or no KV limit);
-    - `stops`: its last token is an executor stop (else the output limit ends it).
+    - `stops`: its last token is an executor stop (else the output limit ends it);
+    - `owed_at_join`: blocks counted for it at admission but not taken from the pool (admitted
+      in the run: its whole first allocation; 0 for requests that held their blocks before).
     """
 
     request: Request
@@ -62,12 +75,15 @@ class _Member:
     base: int
     grows_from: int
     stops: bool
+    owed_at_join: int
     done: bool = False
 
-    def growths_before(self, step: int, block_size: int) -> int:
-        """Blocks it has grown into during steps [first, step)."""
-        end = min(step, self.last + 1)
-        return 0 if end <= self.grows_from else (end - 1 - self.grows_from) // block_size + 1
+    def owed_after(self, num_steps: int, block_size: int) -> int:
+        """Blocks owed for it after the run's first `num_steps` steps: those counted at its
+        admission plus those it grew into."""
+        end = min(num_steps, self.last + 1)
+        grown = 0 if end <= self.grows_from else (end - 1 - self.grows_from) // block_size + 1
+        return self.owed_at_join + grown
 
 
 def may_run(s: ContinuousScheduler) -> bool:
@@ -86,8 +102,9 @@ def may_run(s: ContinuousScheduler) -> bool:
 
 
 class DecodeRun:
-    """See the module docstring. Use: `open_run`, then per step `next_step(arrivals)` (price the
-    returned shape), `commit(end_ts)`; finally `close()`."""
+    """See the module docstring. Use: `open_run`; then repeatedly either `decode_segment` (price
+    its steps, take as many as you like with `commit_segment`) or, when requests arrive,
+    `admit_step` (price the shape) and `commit`; finally `close()`."""
 
     def __init__(
         self, scheduler: ContinuousScheduler, stop_after: MutableMapping[str, int], *, admits_arrivals: bool
@@ -108,17 +125,21 @@ class DecodeRun:
         self.num_alive = 0  # members not finished
         self.owed = 0  # blocks grown into by members, not yet taken from the pool
         self.num_padding_tokens = 0
-        self._pending: tuple[list[tuple[Request, ScheduledChunk]], int, int] | None = None
+        # the pool only changes in a run when a member that held blocks before it finishes
+        self._num_blocks = memory.kv.num_blocks if memory is not None else 0
+        self._pool_free = memory.kv.num_free_blocks if memory is not None else 0
+        self._pending: tuple[list[Request], int] | None = None
+        self._admitted_owed: list[int] = []  # per arrival of the planned step: blocks owed for it
 
     # -- joining and leaving -----------------------------------------------------------------
-    def _join(self, request: Request, first: int, base: int, outputs_before: int) -> None:
+    def _join(self, request: Request, first: int, base: int, outputs_before: int, owed: int = 0) -> None:
         left = request.max_output_tokens - outputs_before
         stop = self.stop_after.get(request.request_id)
         stops = stop is not None and stop <= left
         last = first + (stop if stop is not None and stops else left) - 1
         # the first step whose context (base + i - first + 1) outgrows its blocks
         grows_from = request.kv_capacity + first - base if self.tracks_growth else NEVER
-        member = _Member(request, first, last, base, grows_from, stops)
+        member = _Member(request, first, last, base, grows_from, stops, owed)
         self.members.append(member)
         self.num_alive += 1
         heapq.heappush(self.finishing, (last, len(self.members), member))
@@ -141,108 +162,140 @@ class DecodeRun:
     def num_steps(self) -> int:
         return len(self.step_ts)
 
-    def usage_blocks(self) -> int:
-        """KV blocks in use now (during a planned step: by it), owed ones included (0 without a
-        KV limit)."""
-        memory = self.s.memory
-        return memory.kv.num_used_blocks + self.owed if memory is not None else 0
+    def decode_segment(self, max_steps: int) -> Segment | None:
+        """The coming steps (at most `max_steps`) that decode the same members with nothing
+        arriving: up to the next step at which a member finishes, while the pool gives every
+        step's growth. None when there are none (no member, or the next step needs a
+        preemption). Followed by `commit_segment` with the end times of the steps taken."""
+        n = self.num_decoding
+        if n == 0:
+            return None
+        i = len(self.step_ts)
+        end = i + max_steps
+        if self.finishing:
+            end = min(end, self.finishing[0][0] + 1)
+        used = self._num_blocks - self._pool_free + self.owed
+        if not self.tracks_growth:
+            in_use = [used] * (end - i)
+        else:
+            in_use = []
+            free, phase, block_size = self._pool_free - self.owed, self.phase, self.block_size
+            for t in range(i, end):
+                growth = phase[t % block_size]
+                if growth > free:
+                    break  # someone must be preempted: the scheduler decides
+                free -= growth
+                used += growth
+                in_use.append(used)
+        if not in_use:
+            return None
+        return Segment(n, self.context_base + n * (i + 1), self.s.bucket_padding_for(n), in_use)
 
-    def next_step(self, arrivals: Sequence[Request], now: float) -> tuple[int, int, int, SchedulerOutput | None] | None:
-        """Plan the next step, admitting `arrivals` (due by `now`, not yet handed to the
-        scheduler) into it. Returns (decodes, context positions they attend to, padding tokens,
-        the full step shape when the step also prefills arrivals, else None), or None when the
-        step is not the run's to take (nothing changed then). Must be followed by `commit`."""
+    def commit_segment(self, segment: Segment, end_ts: list[float]) -> None:
+        """Take the first `len(end_ts)` steps of `segment`, ending at those times."""
+        k = len(end_ts)
+        if not k:
+            return
+        i = len(self.step_ts)
+        self.step_ts.extend(end_ts)
+        self.owed = segment.blocks_in_use[k - 1] - (self._num_blocks - self._pool_free)
+        self.num_padding_tokens += k * segment.num_padding
+        self._finish_due(i + k - 1)
+
+    def admit_step(self, now: float) -> tuple[SchedulerOutput, int] | None:
+        """Plan the next step with every waiting request (arrivals just handed to the scheduler)
+        admitted into it, in queue order, and prefilled whole: its full shape and the KV blocks
+        in use while it runs. None when one of them does not fit at once or the step needs a
+        preemption (nothing changed then: they stay waiting for the scheduler). Must be
+        followed by `commit`."""
+        if not self.admits_arrivals:
+            return None
         i = len(self.step_ts)
         n = self.num_decoding
         growth = self.phase[i % self.block_size] if self.tracks_growth else 0
-        memory = self.s.memory
-        free = memory.kv.num_free_blocks - self.owed - growth if memory is not None else 0
-        if growth and free < 0:
-            return None  # someone must be preempted: the scheduler decides
-        context = self.context_base + n * (i + 1)
-        admitted: list[tuple[Request, ScheduledChunk]] = []
-        if arrivals:
-            if not self.admits_arrivals or (len(arrivals) > 1 and type(self.s.waiting) is not WaitingQueue):
-                return None
-            admitted = self._admissible(arrivals, n, free)
-            if not admitted:
-                return None
-        elif n == 0:
-            return None
-        prefill = sum(chunk.num_new_tokens for _, chunk in admitted)
-        padding = self.s.bucket_padding_for(n + prefill)
-        self._pending = (admitted, growth, padding)
-        self.owed += growth
+        admitted = self._admissible(list(self.s.waiting.candidates(now)), n, self._pool_free - self.owed - growth)
         if not admitted:
-            return n, context, padding, None
-        for request, chunk in admitted:
-            self._admit(request, chunk, now, alone=n == 0 and chunk is admitted[0][1])
-        chunks = [chunk for _, chunk in admitted]
-        shape = build_output(self.first_step_id + i, chunks, num_padding_tokens=padding)
-        return n, context, padding, _with_decodes(shape, n, context)
+            return None
+        self.owed += growth
+        for request in admitted:
+            blocks = self._admit(request, now)
+            self.owed += blocks
+            self._admitted_owed.append(blocks)
+        prefill = sum(r.num_prompt_tokens for r in admitted)
+        padding = self.s.bucket_padding_for(n + prefill)
+        self._pending = (admitted, padding)
+        chunks = tuple(ScheduledChunk(r.request_id, 0, r.num_prompt_tokens, True, True) for r in admitted)
+        context = self.context_base + n * (i + 1)
+        shape = SchedulerOutput(
+            self.first_step_id + i,
+            chunks,
+            prefill + n,
+            prefill,
+            n,
+            prefill + context,
+            padding,
+            num_requests=len(chunks) + n,
+            num_omitted_decodes=n,
+        )
+        return shape, self._num_blocks - self._pool_free + self.owed
 
-    def _admissible(self, arrivals: Sequence[Request], n: int, free: int) -> list[tuple[Request, ScheduledChunk]]:
-        """Each arrival with its whole-prompt chunk when all of them fit this step at once (a
-        seat, the budget, their blocks); [] when one does not (then the scheduler decides)."""
+    def _admissible(self, waiting: list[Request], n: int, free: int) -> list[Request]:
+        """All of `waiting` when they fit this step at once, each with its whole prompt (a seat,
+        the budget, their blocks); [] when one does not (then the scheduler decides)."""
         s = self.s
         cfg = s.config
         memory = s.memory
         seats = s._max_seqs - self.num_alive
         budget = cfg.max_num_batched_tokens - n
-        admitted: list[tuple[Request, ScheduledChunk]] = []
-        for request in arrivals:
+        cap = cfg.max_prefill_tokens_per_request if cfg.chunked_prefill else None
+        for k, request in enumerate(waiting):
             prompt = request.num_prompt_tokens
-            cap = cfg.max_prefill_tokens_per_request
-            if seats <= 0 or prompt > budget or (cfg.chunked_prefill and cap is not None and prompt > cap):
-                return []
-            if s.rejection(request)[1] or cfg.lifecycle.max_waiting is not None:
+            if seats <= 0 or prompt > budget or (cap is not None and prompt > cap):
                 return []
             if memory is not None:
-                hold = prompt + request.max_output_tokens if memory.config.admission == "reserve" else prompt
-                alone = n == 0 and not admitted
-                need = memory.kv.num_blocks_for(hold) + (0 if alone else memory.watermark_blocks)
-                if need > free:
+                blocks = memory.kv.num_blocks_for(_first_hold(request, s))
+                alone = n == 0 and k == 0  # nothing else runs: no watermark (Memory.admit)
+                if blocks + (0 if alone else memory.watermark_blocks) > free:
                     return []
-                free -= memory.kv.num_blocks_for(hold)
+                free -= blocks
             seats -= 1
             budget -= prompt
-            admitted.append((request, ScheduledChunk(request.request_id, 0, prompt, True, True)))
-        return admitted
+        return waiting
 
-    def _admit(self, request: Request, chunk: ScheduledChunk, now: float, *, alone: bool) -> None:
+    def _admit(self, request: Request, now: float) -> int:
+        """Admit a waiting request checked by `_admissible`; returns the blocks owed for it
+        (counted, not taken: it takes them from the pool only if it is still running at
+        `close`)."""
         s = self.s
-        s.add_request(request, now)
-        if s.memory is not None and s.memory.admit(request, chunk, alone=alone) is None:
-            raise AssertionError(f"decode run: {request.request_id!r} was checked to fit")
         s.waiting.admitted(request)
         s.waiting.remove((request,))
         request.admit(now)
+        if s.memory is None:
+            return 0
+        blocks = s.memory.kv.num_blocks_for(_first_hold(request, s))
+        request.kv_capacity = blocks * self.block_size  # what it would hold (for its growth steps)
+        return blocks
 
-    def abandon(self) -> None:
-        """Do not take the step planned by the last `next_step` (one that admitted nobody)."""
-        assert self._pending is not None and not self._pending[0], "only a step without admissions can be abandoned"
-        self.owed -= self._pending[1]
-        self._pending = None
-
-    def commit(self, end_ts: float) -> list[Request]:
-        """Take the step planned by the last `next_step`, ending at `end_ts`; returns the
-        requests it finished."""
-        assert self._pending is not None, "commit without next_step"
-        admitted, _growth, padding = self._pending
+    def commit(self, end_ts: float) -> None:
+        """Take the step planned by the last `admit_step`, ending at `end_ts`."""
+        assert self._pending is not None, "commit without admit_step"
+        admitted, padding = self._pending
         self._pending = None
         i = len(self.step_ts)
         self.step_ts.append(end_ts)
         self.num_padding_tokens += padding
-        for request, _chunk in admitted:
-            self._join(request, i, request.num_prompt_tokens - 1, 0)
-        done: list[Request] = []
+        for request, owed in zip(admitted, self._admitted_owed, strict=True):
+            self._join(request, i, request.num_prompt_tokens - 1, 0, owed)
+        self._admitted_owed.clear()
+        self._finish_due(i)
+
+    def _finish_due(self, step: int) -> None:
+        """Finish the members whose last token came at `step` (just taken)."""
         heap = self.finishing
-        while heap and heap[0][0] == i:
+        while heap and heap[0][0] == step:
             member = heapq.heappop(heap)[2]
             self._stop_decoding(member)
-            self._finish(member, i + 1)
-            done.append(member.request)
-        return done
+            self._finish(member, step + 1)
 
     def _finish(self, m: _Member, num_steps: int) -> None:
         self._materialize(m, num_steps)
@@ -250,6 +303,8 @@ class DecodeRun:
         self.num_alive -= 1
         reason = FinishReason.STOP if m.stops else FinishReason.LENGTH
         self.s._finish(m.request, reason, self.step_ts[m.last])  # frees the blocks it really holds
+        if self.s.memory is not None:
+            self._pool_free = self.s.memory.kv.num_free_blocks
 
     def _materialize(self, m: _Member, num_steps: int) -> None:
         """Bring the member's request up to date after `num_steps` run steps: tokens, computed
@@ -267,8 +322,17 @@ class DecodeRun:
             rid = r.request_id
             if rid in self.stop_after:
                 self.stop_after[rid] -= len(ts)
-        if m.grows_from < NEVER:
-            self.owed -= m.growths_before(num_steps, self.block_size)
+        self.owed -= m.owed_after(num_steps, self.block_size)
+
+    def _take_blocks(self, m: _Member) -> bool:
+        """Take from the pool what a member still running holds (its owed blocks)."""
+        memory = self.s.memory
+        assert memory is not None
+        r = m.request
+        if not m.owed_at_join:  # held its blocks before the run: only the growth is new
+            return memory.grow(r, r.num_computed_tokens)
+        r.kv_capacity = 0  # it held nothing in the pool yet
+        return memory.reserve(r, max(_first_hold(r, self.s), r.num_computed_tokens))
 
     def close(self) -> list[Request]:
         """Hand the state back to the scheduler as if every step had been scheduled one by one:
@@ -283,9 +347,9 @@ class DecodeRun:
             self._materialize(m, k)
             running.append(m.request)
         if s.memory is not None:
-            for request in running:
-                if not s.memory.grow(request, request.num_computed_tokens):
-                    raise AssertionError(f"decode run: no block for {request.request_id!r} it was counted to hold")
+            for m in self.members:
+                if not m.done and not self._take_blocks(m):
+                    raise AssertionError(f"decode run: no block for {m.request.request_id!r} it was counted to hold")
             ratio_floor = s.memory.config.estimate_min_ratio
             for _ in range(k):
                 if s.memory.ratio == ratio_floor:
@@ -315,6 +379,13 @@ def open_run(
     return run
 
 
+def _first_hold(request: Request, s: ContinuousScheduler) -> int:
+    """Tokens a new request's first allocation covers (`Memory._hold` of a whole prompt)."""
+    assert s.memory is not None
+    reserve = s.memory.config.admission == "reserve"
+    return request.num_prompt_tokens + request.max_output_tokens if reserve else request.num_prompt_tokens
+
+
 def _admission_is_simple(s: ContinuousScheduler) -> bool:
     """Arrivals may be admitted inside a run only when admitting one that fits involves no
     choice: no tenant quotas, no fair-share accounting, no bound on the waiting queue."""
@@ -324,20 +395,4 @@ def _admission_is_simple(s: ContinuousScheduler) -> bool:
         and tenants.max_kv_blocks is None
         and not s._charges_service
         and s.config.lifecycle.max_waiting is None
-    )
-
-
-def _with_decodes(shape: SchedulerOutput, num_decodes: int, context: int) -> SchedulerOutput:
-    """`shape` (the step's prefill chunks) plus `num_decodes` steady decodes left out of its
-    chunks, attending to `context` positions in all."""
-    return SchedulerOutput(
-        shape.step_id,
-        shape.chunks,
-        shape.num_batched_tokens + num_decodes,
-        shape.num_prefill_tokens,
-        shape.num_decode_tokens + num_decodes,
-        shape.num_context_tokens + context,
-        shape.num_padding_tokens,
-        num_requests=len(shape.chunks) + num_decodes,
-        num_omitted_decodes=num_decodes,
     )

@@ -26,6 +26,7 @@ and admissions pair with preemptions as the state machine allows
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -101,15 +102,25 @@ def _check(tl: Timeline) -> tuple[float, FinishReason]:
         raise ValueError(f"request {rid!r} never finished (no FINISHED event): cannot compute its metrics")
     if len(tl.token_ts) != len(tl.token_counts):
         raise ValueError(f"request {rid!r}: token_ts and token_counts differ in length")
-    stamps = [tl.arrival_ts, tl.finished_ts, *tl.scheduled_ts, *tl.preempted_ts, *tl.token_ts]
-    if not all(math.isfinite(ts) for ts in stamps):
+    if not _all_finite([tl.arrival_ts, tl.finished_ts, *tl.scheduled_ts, *tl.preempted_ts, *tl.token_ts]):
         raise ValueError(f"request {rid!r}: every timestamp must be a finite number")
-    if any(n < 1 for n in tl.token_counts):
+    if tl.token_counts and min(tl.token_counts) < 1:
         raise ValueError(f"request {rid!r}: every TOKENS emission needs at least one token")
     num_sched, num_pre = len(tl.scheduled_ts), len(tl.preempted_ts)
     if not num_pre <= num_sched <= num_pre + 1:
         raise ValueError(f"request {rid!r}: {num_sched} SCHEDULED events cannot pair with {num_pre} PREEMPTED events")
     return tl.finished_ts, tl.finish_reason
+
+
+def _all_finite(stamps: list[float]) -> bool:
+    # a finite exact sum means every term is finite (an inf or NaN term makes it inf or NaN);
+    # only finite terms whose sum overflows need the one-by-one check
+    try:
+        if math.isfinite(math.fsum(stamps)):
+            return True
+    except OverflowError:
+        pass
+    return all(math.isfinite(ts) for ts in stamps)
 
 
 def queue_time(tl: Timeline) -> float | None:
@@ -142,7 +153,12 @@ def tpot(tl: Timeline) -> float | None:
 
 
 def itls(tl: Timeline) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(per-emission gaps, per-token gaps): each gap split evenly over the later emission's tokens."""
+    """(per-emission gaps, per-token gaps): each gap split evenly over the later emission's tokens.
+    With one token per emission (no speculative decoding) both are the same tuple."""
+    ts, counts = tl.token_ts, tl.token_counts
+    if counts.count(1) == len(counts):
+        gaps = tuple(map(operator.sub, ts[1:], ts[:-1]))
+        return gaps, gaps
     per_emission: list[float] = []
     per_token: list[float] = []
     for prev_ts, ts, n in zip(tl.token_ts, tl.token_ts[1:], tl.token_counts[1:], strict=False):

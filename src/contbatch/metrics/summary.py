@@ -29,6 +29,7 @@ a zero makespan, is None, never NaN or infinity; ``finish_reasons`` always holds
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -148,7 +149,11 @@ def _throughput_keys(rows: list[RequestMetrics], makespan: float) -> dict[str, o
 
 def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls | None = None) -> dict[str, object]:
     if itls is None:
-        itls = ([gap for m in rows for gap in m.itl_per_emission], [gap for m in rows for gap in m.itl_per_token])
+        per_emission = list(itertools.chain.from_iterable(m.itl_per_emission for m in rows))
+        if all(m.itl_per_token is m.itl_per_emission for m in rows):  # one token per emission
+            itls = (per_emission, per_emission)
+        else:
+            itls = (per_emission, list(itertools.chain.from_iterable(m.itl_per_token for m in rows)))
     samples: dict[str, Sequence[float]] = {
         "queue": [m.queue_time for m in rows if m.queue_time is not None],
         "requeue": [m.requeue_time for m in rows if m.num_preemptions > 0],
@@ -160,6 +165,9 @@ def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls |
     }
     keys: dict[str, object] = {}
     for name in LATENCY_NAMES:
+        if name == "itl_per_token" and samples[name] is samples["itl"]:  # the same sample: the same statistics
+            keys.update({k.replace("_itl_", "_itl_per_token_"): v for k, v in keys.items() if "_itl_" in k})
+            continue
         keys.update(latency_keys(name, samples[name], time_unit))
     return keys
 

@@ -31,7 +31,7 @@ from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.request import Request
 from contbatch.core.scheduler import ContinuousScheduler
-from contbatch.core.span import may_run, open_run
+from contbatch.core.span import DecodeRun, may_run, open_run
 from contbatch.core.timeline import Timeline
 from contbatch.metrics import SLO, StreamingSummary, summarize
 from contbatch.sim.clients import Clients
@@ -279,14 +279,15 @@ class _Pricers:
         self._fast: dict[tuple[int, int], Callable[[int, int], float]] = {}
         self._make = getattr(cost, "decode_pricer", None)
 
-    def decode_step(self, step_id: int, num_decodes: int, context: int, num_padding: int) -> float:
+    def for_decodes(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float]:
+        """`price(step_id, context)` of a step of `num_decodes` steady decodes."""
         key = (num_decodes, num_padding)
         price = self._fast.get(key)
         if price is None:
             made = self._make(num_decodes, num_padding) if self._make is not None else None
             price = made if made is not None else self._generic(num_decodes, num_padding)
             self._fast[key] = price
-        return price(step_id, context)
+        return price
 
     def _generic(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float]:
         step_time = self.cost.step_time
@@ -326,42 +327,92 @@ def _decode_run(
     arrivals that fit are admitted inside it, unless clients are tracked (then it stops at the
     next arrival); it never runs through a step during which a client cancels (that step's
     results must see the cancellation)."""
-    admits = not clients.track_reads
-    run = open_run(scheduler, executor.stop_after, admits_arrivals=admits)
+    run = open_run(scheduler, executor.stop_after, admits_arrivals=not clients.track_reads)
     if run is None:
         return
-    cancel_ts = clients.next_cancel_ts()
-    first_step_id = run.first_step_id
-    total_blocks = scheduler.memory.kv.num_blocks if scheduler.memory is not None else 1
-    next_arrival = arrivals.next_ts()
-    no_arrivals: list[Request] = []
-    shape: tuple[int, int, int] = (0, 0, 0)
-    while run.num_steps < RUN_STEPS:
-        due = no_arrivals
-        if next_arrival is not None and clock.now >= next_arrival:
-            if not admits:
-                break
-            due = arrivals.due(clock.now)
-        planned = run.next_step(due, clock.now)
-        if planned is None:
-            break
-        n, context, padding, full = planned
-        step_id = first_step_id + run.num_steps
-        if full is None:
-            duration = pricers.decode_step(step_id, n, context, padding)
-            if cancel_ts is not None and clock.now + duration >= cancel_ts:
-                run.abandon()
-                break
-        else:
-            duration = pricers.cost.step_time(full)
-            arrivals.added(len(due))
-            next_arrival = arrivals.next_ts()
-        clock.step(duration, padding, run.usage_blocks() / total_blocks)
-        run.commit(clock.now)
-        shape = (n, context, padding)
+    driver = _RunDriver(run, pricers, clock, arrivals, clients.next_cancel_ts())
+    while driver.taken < RUN_STEPS and driver.advance():
+        pass
     run.close()
-    if on_step is not None and run.num_steps:
-        on_step(scheduler, decode_shape(first_step_id + run.num_steps - 1, *shape), clock.now)
+    if on_step is not None and driver.taken:
+        on_step(scheduler, decode_shape(run.first_step_id + driver.taken - 1, *driver.last), clock.now)
+
+
+class _RunDriver:
+    """Prices and times the steps of one decode run on the simulator's clock."""
+
+    def __init__(
+        self, run: DecodeRun, pricers: _Pricers, clock: _Clock, arrivals: _Arrivals, cancel_ts: float | None
+    ) -> None:
+        self.run = run
+        self.pricers = pricers
+        self.clock = clock
+        self.arrivals = arrivals
+        self.cancel_ts = cancel_ts  # a step overlapping it is not the run's
+        memory = run.s.memory
+        self.total_blocks = memory.kv.num_blocks if memory is not None else 1
+        self.next_arrival = arrivals.next_ts()
+        self.taken = 0
+        self.duration = 0.0  # the last step's
+        self.last: tuple[int, int, int] = (0, 0, 0)  # the last decode step's decodes, context, padding
+
+    def advance(self) -> bool:
+        """Take the next step(s); False when the run must end."""
+        if self.next_arrival is not None and self.clock.now >= self.next_arrival:
+            return self._arrival_step()
+        return self._segment()
+
+    def _arrival_step(self) -> bool:
+        if not self.run.admits_arrivals:
+            return False
+        due = self.arrivals.due(self.clock.now)
+        for request in due:  # handed over as the loop would (rejections happen here)
+            self.run.s.add_request(request, self.clock.now)
+        self.arrivals.added(len(due))
+        self.next_arrival = self.arrivals.next_ts()
+        planned = self.run.admit_step(self.clock.now)
+        if planned is None:
+            return False
+        shape, used = planned
+        self.duration = self.pricers.cost.step_time(shape)
+        self.clock.step(self.duration, shape.num_padding_tokens, used / self.total_blocks)
+        self.run.commit(self.clock.now)
+        self.taken += 1
+        return True
+
+    def _segment(self) -> bool:
+        limit = RUN_STEPS - self.taken
+        segment = self.run.decode_segment(_segment_steps(self.next_arrival, self.clock.now, self.duration, limit))
+        if segment is None:
+            return False
+        n, context, padding = segment.num_decodes, segment.first_context, segment.num_padding
+        price = self.pricers.for_decodes(n, padding)
+        clock, next_arrival, cancel_ts = self.clock, self.next_arrival, self.cancel_ts
+        first_id = self.run.first_step_id + self.taken
+        ends: list[float] = []
+        for used in segment.blocks_in_use:
+            if next_arrival is not None and clock.now >= next_arrival:
+                break
+            duration = price(first_id + len(ends), context)
+            if cancel_ts is not None and clock.now + duration >= cancel_ts:
+                self.run.commit_segment(segment, ends)
+                self.taken += len(ends)
+                return False
+            clock.step(duration, padding, used / self.total_blocks)
+            ends.append(clock.now)
+            self.duration, self.last = duration, (n, context, padding)
+            context += n
+        self.run.commit_segment(segment, ends)
+        self.taken += len(ends)
+        return True
+
+
+def _segment_steps(next_arrival: float | None, now: float, last_duration: float, limit: int) -> int:
+    """How many decode steps to plan before the next arrival: an overestimate (steps only get
+    cheaper as the batch shrinks), never more than `limit`."""
+    if next_arrival is None or last_duration <= 0:
+        return limit if next_arrival is None else min(limit, 16)
+    return min(limit, int((next_arrival - now) / last_duration * 1.25) + 2)
 
 
 def _next_event(arrivals: _Arrivals, clients: Clients, scheduler: SchedulerBase) -> float | None:
