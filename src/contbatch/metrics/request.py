@@ -155,9 +155,9 @@ def tpot(tl: Timeline) -> float | None:
 def itls(tl: Timeline) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(per-emission gaps, per-token gaps): each gap split evenly over the later emission's tokens.
     With one token per emission (no speculative decoding) both are the same tuple."""
-    ts, counts = tl.token_ts, tl.token_counts
+    stamps, counts = tl.token_ts, tl.token_counts
     if counts.count(1) == len(counts):
-        gaps = tuple(map(operator.sub, ts[1:], ts[:-1]))
+        gaps = tuple(map(operator.sub, stamps[1:], stamps[:-1]))
         return gaps, gaps
     per_emission: list[float] = []
     per_token: list[float] = []

@@ -13,6 +13,7 @@ This module owns two things every summary key depends on:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any, Final
@@ -54,13 +55,21 @@ def describe(values: Sequence[float], scale: float = 1.0) -> dict[str, float | N
         return dict.fromkeys(STAT_PREFIXES)
     with np.errstate(over="ignore", invalid="ignore"):
         arr = np.asarray(values, dtype=np.float64) * scale
-        # fsum over plain floats (.tolist()): iterating numpy scalars is many times slower
-        mean = np.float64(math.fsum(arr.tolist()) / len(arr)) if np.isfinite(arr).all() else np.mean(arr)
-        squares = ((arr - mean) ** 2).tolist()
-        spread = np.float64(math.sqrt(math.fsum(squares) / len(arr))) if np.isfinite(mean) else np.std(arr)
+        mean = np.float64(_exact_sum(arr) / len(arr)) if np.isfinite(arr).all() else np.mean(arr)
+        spread = np.float64(math.sqrt(_exact_sum((arr - mean) ** 2) / len(arr))) if np.isfinite(mean) else np.std(arr)
         raw = [mean, np.median(arr), spread, np.min(arr), np.max(arr)]
         raw += list(np.percentile(arr, PERCENTILES))
     return {prefix: _plain(value) for prefix, value in zip(STAT_PREFIXES, raw, strict=True)}
+
+
+_CHUNK = 1 << 16
+
+
+def _exact_sum(arr: np.ndarray[Any, np.dtype[np.float64]]) -> float:
+    """`math.fsum` of `arr`, fed as plain floats a chunk at a time (iterating numpy scalars is
+    many times slower; converting all at once would hold 32 bytes per value)."""
+    chunks = (arr[i : i + _CHUNK].tolist() for i in range(0, len(arr), _CHUNK))
+    return math.fsum(itertools.chain.from_iterable(chunks))
 
 
 def _plain(value: np.floating[Any]) -> float | None:

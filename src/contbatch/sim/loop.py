@@ -267,7 +267,8 @@ class _Folder:
         self.live = still
 
 
-RUN_STEPS = 1 << 16  # the most steps one decode run takes (bounds its step-time list)
+RUN_STEPS = 1024  # the most steps one decode run takes: bounds its step-time list and, in streaming mode, how
+# many finished requests wait to be folded (every 1,024 steps, as outside runs)
 
 
 class _Pricers:
