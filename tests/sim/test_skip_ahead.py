@@ -33,15 +33,19 @@ def traces(draw: st.DrawFn) -> Trace:
         prompt = draw(st.integers(1, 40))
         output = draw(st.integers(1, 40))
         extra = draw(st.sampled_from([0, 0, 5]))
+        arrival = float(draw(st.integers(0, 60))) + draw(st.sampled_from([0.0, 0.25, 0.5]))
+        cancel_after = draw(st.sampled_from([None, None, None, None, 0.3, 2.0, 7.0]))
         requests.append(
             TraceRequest(
                 f"r{i}",
-                float(draw(st.integers(0, 60))) + draw(st.sampled_from([0.0, 0.25, 0.5])),
+                arrival,
                 prompt,
                 output,
                 max_output_tokens=output + extra,
                 tenant=draw(st.sampled_from(["a", "b", None])),
                 priority=draw(st.integers(0, 2)),
+                cancel_ts=None if cancel_after is None else arrival + cancel_after,
+                read_rate=draw(st.sampled_from([None, None, None, None, 0.5, 20.0])),
             )
         )
     return Trace("gen", tuple(requests), "s", "hypothesis")
@@ -94,7 +98,7 @@ def _fingerprint(result: SimResult) -> tuple[object, ...]:
         for t in result.timelines
     )
     stats = dict(result.scheduler_stats)
-    return timelines, result.num_steps, result.padding_tokens, stats
+    return timelines, result.num_steps, result.padding_tokens, stats, result.unsent_tokens, result.max_buffered_tokens
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

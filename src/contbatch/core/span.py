@@ -12,14 +12,15 @@ arrivals and completions, and the KV blocks members grow into are only counted (
 the run closes (or the member finishes), which keeps the pool's free count exact for every
 decision taken meanwhile.
 
-Equivalence (tested against step-by-step simulation on hundreds of random traces): the steps a
-run takes give the same per-request timelines, finish reasons, step ids, counters and KV usage
-as that many `schedule`/`update` calls. A run refuses a step (`next_step` returns None and
-changes nothing) whenever it could involve a decision: a KV shortage (someone would be
-preempted), an arrival that does not fit at once, or more than one arrival under a queue order
-that is not first come first served. Runs only start under `may_run`: engine semantics, no
-speculative decoding, output credits, timeouts, prefix caching or estimate admission, nothing
-waiting, and every running request steadily decoding.
+Equivalence (tested against step-by-step simulation on thousands of random traces and
+configurations, under every cost model): the steps a run takes give the same per-request
+timelines, finish reasons, step ids, counters and KV usage as that many `schedule`/`update`
+calls. A run refuses a step (`decode_segment` / `admit_step` return None and change nothing)
+whenever it could involve a decision: a KV shortage (someone would be preempted), or an arrival
+that does not fit at once (then it stays waiting and the scheduler decides). Runs only start
+under `may_run`: engine semantics, no speculative decoding, output credits, timeouts, prefix
+caching or estimate admission, nothing waiting, and every running request steadily decoding;
+they admit arrivals only without tenant quotas, fair-share accounting or a waiting-queue bound.
 
 Invariants while a run is open: each scheduler request is either a member or untouched; the
 scheduler's `running` list is stale (refreshed by `close`), so nothing else may drive the
@@ -58,8 +59,7 @@ class _Member:
 
     - `first`: the step of its first token in the run (0 for requests running at the start; the
       prefill step for requests admitted in the run);
-    - `last`: the step of its last token (it finishes at that step's end; NEVER when it never
-      finishes by itself);
+    - `last`: the step of its last token (it finishes at that step's end);
     - `base`: its computed tokens are `base + (steps done - first)` once it has run, so it
       attends to `base + i - first + 1` positions when it decodes at step i;
     - `grows_from`: the first step at which its context outgrows its blocks (then every
@@ -158,10 +158,6 @@ class DecodeRun:
             self.phase[m.grows_from % self.block_size] -= 1
 
     # -- the steps ----------------------------------------------------------------------------
-    @property
-    def num_steps(self) -> int:
-        return len(self.step_ts)
-
     def decode_segment(self, max_steps: int) -> Segment | None:
         """The coming steps (at most `max_steps`) that decode the same members with nothing
         arriving: up to the next step at which a member finishes, while the pool gives every

@@ -118,6 +118,10 @@ def parse_cost(spec: str) -> CostModel:
         return parse_roofline(args)
     if name == "table":
         return parse_table(args)
+    if name == "profile":
+        from contbatch.sim.costs.profile import parse_profile  # it imports this module: only here
+
+        return parse_profile(args)
     raise CostSpecError(
         f"unknown cost model {name!r}; known: unit[:C], affine[:k=v,...], "
         f"roofline:MODEL@DEVICE[xN][,k=v,...] (models: {', '.join(MODELS)}; devices: {', '.join(DEVICES)}), "

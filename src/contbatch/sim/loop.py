@@ -184,9 +184,10 @@ def simulate(
 ) -> SimResult:
     """Replay `trace` through `scheduler`, pricing steps with `cost`. Speculative drafts are
     accepted with `acceptance_rate` (draws seeded by `seed`). `on_step(scheduler, out, now)`
-    runs after every update (tests check invariants there; after a skipped-ahead span it runs
-    once). `skip_ahead` prices spans of pure decoding in one go (`contbatch.core.span`), with
-    the same results as stepping through them. `keep_timelines=False` is the streaming mode for
+    runs after every update (tests check invariants there; after a decode run it runs once).
+    `skip_ahead` takes the steps whose decisions are foregone as decode runs
+    (`contbatch.core.span`: steady decoding, arrivals that fit, completions) at a cost per
+    event rather than per request and step, with the same results as stepping through them. `keep_timelines=False` is the streaming mode for
     very large traces: requests are created at arrival and folded into a `StreamingSummary`
     once finished (no client cancellations or read rates then)."""
     pending = trace.requests

@@ -11,9 +11,9 @@ For one step on each of ``num_devices`` tensor-parallel devices (every quantity 
   4 * layers * heads * head_dim per (query, key) pair, a chunk of ``n`` new tokens at ``start``
   attending causally to ``n * start + n * (n + 1) / 2`` pairs (a decode: its context); the LM head
   2 * hidden * vocab per sampled position (one per sampling prefill chunk, every new token of a
-  sampling decode, every padding token); MoE experts below. Divided by ``num_devices``. A step
-  shape without chunks (a skipped-ahead decode span's) is priced from its totals, which is exact
-  for pure decoding.
+  sampling decode, every padding token); MoE experts below. Divided by ``num_devices``. Steady
+  decodes a step shape leaves out of its chunks (a decode run's) are priced from its totals,
+  which is exact for them; `decode_pricer` prices a step of only such decodes in fewer operations.
 - Bytes: the weights once per step (all but the embedding table, whose rows are gathered; MoE:
   only the experts some token reached), the KV of every context position read by attention
   (``num_context_tokens``) and of every new token written, each device holding its share of the
