@@ -20,6 +20,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "contbatch.engine": ("fastapi", "contbatch.sim", "contbatch.server"),
     "contbatch.server": ("torch",),
     "contbatch.bench": ("torch", "contbatch.engine", "contbatch.sim"),
+    # joins the engine and the simulator; plots only on request, never the server
+    "contbatch.calibrate": ("fastapi", "matplotlib", "contbatch.server"),
 }
 
 PROBE = """

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from contbatch import __version__
 from contbatch.cli.bench_cmd import add_bench_parser, run_bench_command
+from contbatch.cli.calibrate_cmd import add_calibrate_parsers, run_calibrate_command, run_validate_command
 from contbatch.cli.capacity_cmd import add_capacity_parser, run_capacity_command
 from contbatch.cli.engine_cmd import add_engine_parsers, run_generate_command, run_run_command
 from contbatch.cli.options import UsageError, add_run_flags, add_vary_flags, resolve
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_vary_flags(compare)
     add_capacity_parser(commands)
     add_engine_parsers(commands)
+    add_calibrate_parsers(commands)
     add_sweep_parser(commands)
     add_serve_parser(commands)
     add_bench_parser(commands)
@@ -90,6 +92,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "capacity": run_capacity_command,
     "generate": run_generate_command,
     "run": run_run_command,
+    "calibrate": run_calibrate_command,
+    "validate": run_validate_command,
     "sweep": run_sweep_command,
     "serve": run_serve_command,
     "bench": run_bench_command,

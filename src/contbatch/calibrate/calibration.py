@@ -1,0 +1,170 @@
+"""`calibrate`: measure the engine, fit both cost models, choose one by held-out error, and
+return the profile (a `ProfileCost` and its JSON document).
+
+Steps, in order:
+1. the grid (`contbatch.calibrate.grid`) timed on a runner of its own, with a KV cache sized for
+   its largest point; then as many held-out points drawn off the grid values;
+2. the runner's time fitted by `fit_affine` and `fit_table` on the grid points only;
+3. a real engine run (the configured engine: its KV cache and scheduler) of a calibration
+   workload offered at `loop_load` of the capacity the affine fit predicts, after a warm-up run;
+   its steps' cycle times are recorded (`contbatch.calibrate.loop`);
+4. for each fit, the engine loop's terms fitted on the even-numbered steps (`_in_loop`): the
+   runner's time in the loop over the fit's prediction (`fit_scale`), and the loop's own time
+   around the runner, cycle - measured runner time (`fit_loop`: base + per request); each fit with
+   its terms is checked against the cycle times of the odd-numbered steps;
+5. the fit with the lower score wins: the mean of its mean absolute relative error on the
+   held-out grid points (runner time) and on the held-out engine steps (cycle time). Its loop
+   terms are then refitted on every step.
+
+The random workloads are seeded and named ``calibration``: a validation trace must use another
+seed (`contbatch.calibrate.validate` refuses a trace named like one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from contbatch.calibrate.capacity import saturation_rate, workload
+from contbatch.calibrate.fit import (
+    ErrorStats,
+    StepSample,
+    error_stats,
+    fit_affine,
+    fit_loop,
+    fit_scale,
+    fit_table,
+)
+from contbatch.calibrate.grid import GridSpec, blocks_needed, check_fits_model, heldout_points, time_points
+from contbatch.calibrate.loop import LoopStep, StepRecorder
+from contbatch.calibrate.profile_doc import profile_document
+from contbatch.engine.llm_engine import EngineConfig, LLMEngine
+from contbatch.engine.runner import ModelRunner
+from contbatch.sim.cost import AffineCost
+from contbatch.sim.costs.profile import ProfileCost
+from contbatch.sim.costs.table import TableCost
+
+CALIBRATION_TRACE = "calibration"
+Progress = Callable[[str, int], Callable[[], None]]  # (stage description, total) -> tick
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)  # model, dtype, device, KV cache, scheduler
+    grid: GridSpec = field(default_factory=GridSpec)
+    threads: int | None = None  # torch intra-op threads; None: torch's current setting (recorded either way)
+    num_heldout: int = 24  # off-grid points timed to check the fits
+    loop_requests: int = 64  # requests of the calibration engine run
+    loop_load: float = 0.9  # its offered rate, as a fraction of the predicted capacity
+    prompt_tokens: tuple[int, int] = (32, 512)  # calibration workload lengths (inclusive)
+    output_tokens: tuple[int, int] = (16, 192)
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One fit of the runner with its loop correction and held-out errors."""
+
+    profile: ProfileCost  # with the loop terms of the even-numbered steps
+    grid_heldout: ErrorStats  # runner time on the off-grid points
+    loop_heldout: ErrorStats  # cycle time on the odd-numbered engine steps
+
+    @property
+    def score(self) -> float:
+        return (self.grid_heldout.mean_abs + self.loop_heldout.mean_abs) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    profile: ProfileCost  # the chosen model, its loop correction fitted on every engine step
+    document: dict[str, Any]  # the profile file's contents (JSON-ready)
+
+
+def _no_progress(description: str, total: int) -> Callable[[], None]:
+    return lambda: None
+
+
+def calibrate(config: CalibrationConfig, progress: Progress = _no_progress) -> Calibration:
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    engine = LLMEngine(config.engine)
+    check_fits_model(config.grid, engine.max_model_len)
+    grid_points, heldout = config.grid.points(), heldout_points(config.grid, config.num_heldout, seed=config.seed + 1)
+    runner = _grid_runner(engine, config, [*grid_points, *heldout])
+    tick = progress("timing grid steps", (len(grid_points) + len(heldout)) * config.grid.repeats)
+    grid = time_points(runner, grid_points, config.grid, on_run=tick)
+    off_grid = time_points(runner, heldout, config.grid, on_run=tick)
+    del runner
+    fits: dict[str, AffineCost | TableCost] = {"affine": fit_affine(grid), "table": fit_table(grid)}
+    loop_steps = [s for s in _engine_run(engine, config, ProfileCost(fits["affine"]), progress) if s.cycle_ms]
+    if len(loop_steps) < 4:
+        raise ValueError(f"the calibration engine run gave {len(loop_steps)} timed steps; at least 4 are needed")
+    train, heldout_steps = loop_steps[0::2], [s.sample() for s in loop_steps[1::2]]
+    candidates = {name: _candidate(_in_loop(fit, train), off_grid, heldout_steps) for name, fit in fits.items()}
+    chosen = min(candidates, key=lambda name: candidates[name].score)
+    profile = _in_loop(fits[chosen], loop_steps)
+    document = profile_document(
+        config=config, engine=engine, profile=profile, fits=fits, candidates=candidates, chosen=chosen,
+        samples={"grid": grid, "heldout": off_grid, "engine_steps": [s.sample() for s in loop_steps]},
+        loop_execute_ms=[s.execute_ms for s in loop_steps],
+    )  # fmt: skip
+    return Calibration(profile, document)
+
+
+def _grid_runner(engine: LLMEngine, config: CalibrationConfig, points: list[tuple[int, int, int]]) -> ModelRunner:
+    """A runner of the engine's model whose KV cache holds the largest point."""
+    block_size = engine.runner.kv_cache.block_size
+    needed = max(blocks_needed(point, block_size) for point in points)
+    cfg = config.engine
+    return ModelRunner.from_checkpoint(
+        engine.model_path, num_blocks=needed, block_size=block_size, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed
+    )
+
+
+def _engine_run(engine: LLMEngine, config: CalibrationConfig, guess: ProfileCost, progress: Progress) -> list[LoopStep]:
+    """Steps of a real run of the calibration workload at `loop_load` of the predicted capacity."""
+    from contbatch.cli.engine_cmd import replay  # the same real-time replay as `contbatch run`
+
+    lengths = fitted_lengths(config.prompt_tokens, config.output_tokens, engine.max_model_len)
+    shape = workload(CALIBRATION_TRACE, config.loop_requests, 1.0, **lengths, seed=config.seed)
+    rate = config.loop_load * saturation_rate(shape, engine.scheduler.config, guess)
+    trace = workload(CALIBRATION_TRACE, config.loop_requests, rate, **lengths, seed=config.seed)
+    tick = progress(f"engine run: {len(trace)} requests at {rate:.3g}/s", 2)
+    warm = workload("warm-up", 4, rate * 4, **lengths, seed=config.seed + 7)
+    replay(LLMEngine(config.engine, share=engine), warm)
+    tick()
+    measured = LLMEngine(config.engine, share=engine)
+    with StepRecorder(measured) as recorder:
+        replay(measured, trace, seed=config.seed)
+    tick()
+    return recorder.steps()
+
+
+def fitted_lengths(
+    prompt_tokens: tuple[int, int], output_tokens: tuple[int, int], max_model_len: int
+) -> dict[str, tuple[int, int]]:
+    """The workload's length ranges, scaled down together when the longest request would not fit the model."""
+    factor = min(1.0, max_model_len / (prompt_tokens[1] + output_tokens[1]))
+
+    def scaled(lengths: tuple[int, int]) -> tuple[int, int]:
+        return max(1, int(lengths[0] * factor)), max(1, int(lengths[1] * factor))
+
+    return {"prompt_tokens": scaled(prompt_tokens), "output_tokens": scaled(output_tokens)}
+
+
+def _in_loop(fit: AffineCost | TableCost, steps: list[LoopStep]) -> ProfileCost:
+    """`fit` with the engine loop's terms, fitted on `steps`: the runner's scale (measured runner time
+    over predicted) and the loop's own time around the runner (cycle - measured runner time)."""
+    grid_only = ProfileCost(fit)
+    scale = fit_scale([grid_only.compute_ms(s.out) for s in steps], [s.execute_ms for s in steps])
+    loop = fit_loop([s.out.num_requests for s in steps], [(s.cycle_ms or 0.0) - s.execute_ms for s in steps])
+    return ProfileCost(fit, loop_scale=scale, loop_base_ms=loop.base_ms, loop_request_ms=loop.request_ms)
+
+
+def _candidate(profile: ProfileCost, off_grid: list[StepSample], heldout_steps: list[StepSample]) -> Candidate:
+    grid_errors = error_stats(lambda s: profile.compute_ms(s.to_output()), off_grid)
+    loop_errors = error_stats(lambda s: profile.step_time(s.to_output()) * 1000.0, heldout_steps)
+    return Candidate(profile, grid_errors, loop_errors)

@@ -1,0 +1,144 @@
+"""`validate`: the real engine and the calibrated simulator on one trace, metric by metric.
+
+1. The engine runs the trace in real time (`contbatch run`'s replay), after a short warm-up run
+   on an engine that shares the model (first steps pay one-off allocation costs);
+2. the simulator runs the same trace with the profile's cost model and *the scheduler config the
+   engine ran with* (its KV block count and block size, max_model_len, every budget), the same
+   scheduler kind;
+3. both sets of timelines are summarised by `contbatch.metrics.summarize`, and each metric of
+   `METRICS` is compared: relative error = predicted / measured - 1;
+4. each engine step's cycle time (`contbatch.calibrate.loop`) is compared with the cost model's
+   price of that very step: the step-level error, which tells a wrong cost model from
+   queueing that amplifies a small one.
+
+A trace named ``calibration`` is refused: the calibration run used it, so it proves nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from contbatch.calibrate.calibration import CALIBRATION_TRACE
+from contbatch.calibrate.capacity import workload
+from contbatch.calibrate.fit import ErrorStats, error_stats
+from contbatch.calibrate.loop import StepRecorder
+from contbatch.core import Timeline, make_scheduler
+from contbatch.engine.llm_engine import EngineConfig, LLMEngine
+from contbatch.metrics import summarize
+from contbatch.sim.cost import CostModel
+from contbatch.sim.loop import simulate
+from contbatch.traces import Trace
+
+LATENCY_NAMES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
+STAT_NAMES = (("mean", "mean"), ("median", "p50"), ("p90", "p90"), ("p99", "p99"))
+# (summary key, label, unit) in the order they are reported
+METRICS: tuple[tuple[str, str, str], ...] = (
+    *((f"{stat}_{key}_ms", f"{label} {name}", "ms") for key, name in LATENCY_NAMES for stat, label in STAT_NAMES),
+    ("output_throughput", "throughput", "tok/s"),
+    ("request_throughput", "request throughput", "req/s"),
+    ("makespan", "makespan", "s"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRow:
+    key: str  # the summary key (vllm-bench naming)
+    label: str
+    unit: str
+    predicted: float
+    measured: float
+
+    @property
+    def rel_error(self) -> float:
+        """predicted / measured - 1 (0 when both are 0)."""
+        if self.measured == 0:
+            return 0.0 if self.predicted == 0 else float("inf")
+        return self.predicted / self.measured - 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Validation:
+    trace: Trace
+    rows: tuple[MetricRow, ...]
+    measured: tuple[Timeline, ...]  # the engine's timelines, trace start at 0
+    predicted: tuple[Timeline, ...]  # the simulator's
+    measured_summary: dict[str, object]
+    predicted_summary: dict[str, object]
+    step_error: ErrorStats  # the cost model's price of each engine step against its cycle time
+
+    def row(self, key: str) -> MetricRow:
+        return next(r for r in self.rows if r.key == key)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace.name,
+            "num_requests": len(self.trace),
+            "source": self.trace.source,
+            "metrics": {r.key: {"label": r.label, "unit": r.unit, "predicted": r.predicted, "measured": r.measured,
+                                "rel_error": r.rel_error} for r in self.rows},
+            "step_time_error": self.step_error.as_dict(),
+            "measured": self.measured_summary,
+            "predicted": self.predicted_summary,
+        }  # fmt: skip
+
+
+def validate(config: EngineConfig, cost: CostModel, trace: Trace, *, engine: LLMEngine | None = None) -> Validation:
+    """Run `trace` on the engine (a fresh one sharing `engine`'s model when given) and in the simulator."""
+    from contbatch.cli.engine_cmd import replay  # the same real-time replay as `contbatch run`
+
+    if trace.name == CALIBRATION_TRACE:
+        raise ValueError(f"trace {trace.name!r} is the calibration workload: validate on another trace")
+    if cost.time_unit != "s" or trace.time_unit != "s":
+        raise ValueError("validation needs a cost model and a trace in seconds")
+    base = engine or LLMEngine(config)
+    head = trace.requests[:4]
+    warm = workload(
+        "warm-up", len(head), 100.0, prompt_tokens=_span(head, "prompt"), output_tokens=_span(head, "output"), seed=1
+    )
+    replay(LLMEngine(config, share=base), warm)
+    measured_engine = LLMEngine(config, share=base)
+    with StepRecorder(measured_engine) as recorder:
+        measured = replay(measured_engine, trace)
+    steps = [step.sample() for step in recorder.steps() if step.cycle_ms is not None]
+    step_error = error_stats(lambda step: cost.step_time(step.to_output()) * 1000.0, steps)
+    scheduler = make_scheduler(config.scheduler_kind, measured_engine.scheduler.config)
+    result = simulate(trace, scheduler, cost)
+    measured_summary = summarize(measured, time_unit="s")
+    predicted_summary = result.summary()
+    rows = tuple(
+        MetricRow(key, label, unit, _number(predicted_summary, key), _number(measured_summary, key))
+        for key, label, unit in METRICS
+    )
+    return Validation(trace, rows, tuple(measured), result.timelines, measured_summary, predicted_summary, step_error)
+
+
+def _span(requests: tuple[Any, ...], what: str) -> tuple[int, int]:
+    lengths = [r.num_prompt_tokens if what == "prompt" else r.num_output_tokens for r in requests] or [1]
+    return min(lengths), max(lengths)
+
+
+def _number(summary: dict[str, object], key: str) -> float:
+    value = summary.get(key)
+    return float(value) if isinstance(value, int | float) else float("nan")
+
+
+def format_validation(validation: Validation) -> str:
+    """One table: metric, predicted, measured, relative error."""
+    header = ("metric", "predicted", "measured", "error")
+    lines = [
+        (f"{r.label} ({r.unit})", f"{r.predicted:.4g}", f"{r.measured:.4g}", f"{100 * r.rel_error:+.1f}%")
+        for r in validation.rows
+    ]
+    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header))]
+    text = [
+        "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+        for row in (header, *lines)
+    ]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    e = validation.step_error
+    text.append(
+        f"\nstep times ({e.num_samples} engine steps, predicted / measured - 1): mean {100 * e.bias:+.1f}%, "
+        f"mean |error| {100 * e.mean_abs:.1f}%, p90 |error| {100 * e.p90_abs:.1f}%"
+    )
+    return "\n".join(text)

@@ -1,0 +1,224 @@
+"""The profile cost model: step times fitted to the real engine by `contbatch calibrate`.
+
+A profile (JSON, written by `contbatch.calibrate`) prices one step as::
+
+    ms = loop_scale * compute(out) + loop_base_ms + loop_request_ms * num_requests
+
+- ``compute``: the runner's forward and sampling time, fitted on a grid of synthetic steps, either
+  an `AffineCost` (base + per prefill, decode and context token) or a `TableCost` grid over
+  (prefill tokens, decode tokens, context per decode), interpolated linearly along all three
+  (`table_ms`; `TableCost` alone takes the nearest context). For the table, the third coordinate
+  is ``(num_context_tokens - num_prefill_tokens) / max(1, num_decode_tokens)``: the mean context
+  of a decode (or, with no decode, where a continued prefill chunk starts). Padding is priced as
+  prefill work and swaps per block, as in those two models;
+- ``loop_scale``: the runner's time inside a real engine run over the time the fit predicts for
+  the same step shape (a real batch's block tables are scattered, its contexts varied, its caches
+  disturbed by the loop between steps), the median ratio over the steps of a real engine run;
+- ``loop_base_ms`` and ``loop_request_ms``: what the engine loop adds around the runner
+  (schedule, update, detokenisation, taking in arrivals, Python), fitted on the same steps. They
+  may be negative (a fit); a step never costs less than `MIN_STEP_MS`.
+
+File format (only the ``cost`` object is read here; the rest is provenance for reports)::
+
+    {"format": "contbatch-profile", "version": 1,
+     "cost": {"model": "affine" | "table", "loop_scale": 1.05, "loop_base_ms": 0.2, "loop_request_ms": 0.01,
+              "swap_ms_per_block": 0.32,
+              "affine": {"base_ms": 5.0, "prefill_ms": 0.25, "decode_ms": 0.6, "context_ms": 0.004},
+              "table": {"prefill_axis": [...], "decode_axis": [...], "context_axis": [...],
+                        "step_ms": [...]}},   # TableCost's layout: (c * P + p) * D + d -> ms
+     ...}
+
+Both fits are stored; ``model`` names the one calibration chose (``profile:PATH,model=table``
+overrides it). Errors are `CostSpecError` naming the file and the field. Spec:
+``profile:PATH[,model=affine|table]``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from contbatch.core.outputs import SchedulerOutput
+from contbatch.sim.cost import AffineCost
+from contbatch.sim.costs.errors import CostSpecError, split_params
+from contbatch.sim.costs.table import TableCost
+
+PROFILE_FORMAT = "contbatch-profile"
+PROFILE_VERSION = 1
+PROFILE_MODELS = ("affine", "table")
+PROFILE_PARAMS = ("model",)
+AFFINE_FIELDS = ("base_ms", "prefill_ms", "decode_ms", "context_ms")
+TABLE_AXES = ("prefill_axis", "decode_axis", "context_axis")
+MIN_STEP_MS = 0.001  # the floor of a step's price: a step always moves the clock forward
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileCost:
+    compute: AffineCost | TableCost  # the runner's time per step (forward + sampling), seconds
+    loop_scale: float = 1.0  # the runner's time in a real engine run over `compute`'s; finite, > 0
+    loop_base_ms: float = 0.0  # per step, added by the engine loop around the runner; finite, may be < 0
+    loop_request_ms: float = 0.0  # per scheduled request; finite, may be < 0
+    source: str = "<profile>"  # the file it came from, for reports
+
+    def __post_init__(self) -> None:
+        for name in ("loop_scale", "loop_base_ms", "loop_request_ms"):
+            value = getattr(self, name)
+            if not _is_number(value):
+                raise CostSpecError(f"profile cost: {name} must be a finite number, got {value!r}")
+        if self.loop_scale <= 0:
+            raise CostSpecError(f"profile cost: loop_scale must be > 0, got {self.loop_scale!r}")
+
+    @property
+    def time_unit(self) -> str:
+        return "s"
+
+    @property
+    def model(self) -> str:
+        """``affine`` or ``table``: which fit prices the runner."""
+        return "table" if isinstance(self.compute, TableCost) else "affine"
+
+    def step_time(self, out: SchedulerOutput) -> float:
+        ms = self.loop_scale * self.compute_ms(out) + self.loop_base_ms + self.loop_request_ms * out.num_requests
+        return max(ms, MIN_STEP_MS) / 1000.0
+
+    def compute_ms(self, out: SchedulerOutput) -> float:
+        """The runner's part of a step, in ms (swaps included)."""
+        compute = self.compute
+        if isinstance(compute, AffineCost):
+            return compute.step_time(out) * 1000.0
+        prefill = out.num_prefill_tokens + out.num_padding_tokens
+        context = context_per_decode(out.num_prefill_tokens, out.num_decode_tokens, out.num_context_tokens)
+        ms = table_ms(compute, prefill, out.num_decode_tokens, context)
+        return ms + compute.swap_ms_per_block * out.num_swapped_blocks
+
+
+def table_ms(table: TableCost, prefill: float, decode: float, context: float) -> float:
+    """Trilinear interpolation: `TableCost.lookup_ms` (bilinear in prefill and decode) at the two
+    context slices around `context`, then linear between them; clamped to the axes' ends."""
+    axis = table.context_axis
+    i = bisect.bisect_right(axis, context) - 1
+    if i < 0 or i >= len(axis) - 1:
+        return table.lookup_ms(prefill, decode, axis[0] if i < 0 else axis[-1])
+    low, high = axis[i], axis[i + 1]
+    weight = (context - low) / (high - low)
+    return (1.0 - weight) * table.lookup_ms(prefill, decode, low) + weight * table.lookup_ms(prefill, decode, high)
+
+
+def context_per_decode(num_prefill_tokens: int, num_decode_tokens: int, num_context_tokens: int) -> float:
+    """The table's third coordinate: context beyond the prefill tokens, per decode (at least one)."""
+    return (num_context_tokens - num_prefill_tokens) / max(1, num_decode_tokens)
+
+
+# -- loading ---------------------------------------------------------------------------------------
+def load_profile(path: str | os.PathLike[str], *, model: str | None = None) -> ProfileCost:
+    """Read a profile JSON file; `model` overrides the fit it chose. CostSpecError names file and field."""
+    label = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise CostSpecError(f"{label}: no such profile file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CostSpecError(f"{label}: not a JSON profile ({_one_line(exc)})") from None
+    except OSError as exc:
+        raise CostSpecError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    return profile_from_document(document, label, model=model)
+
+
+def profile_from_document(document: object, label: str = "<profile>", *, model: str | None = None) -> ProfileCost:
+    """The `ProfileCost` of a parsed profile document (format in the module docstring)."""
+    root = _mapping(document, label, "")
+    if root.get("format") != PROFILE_FORMAT:
+        raise _error(label, "format", f"must be {PROFILE_FORMAT!r}, got {root.get('format')!r}")
+    if root.get("version") != PROFILE_VERSION:
+        raise _error(label, "version", f"must be {PROFILE_VERSION}, got {root.get('version')!r}")
+    cost = _mapping(root.get("cost"), label, "cost")
+    chosen = model if model is not None else cost.get("model")
+    if chosen not in PROFILE_MODELS:
+        field = "model parameter" if model is not None else "cost.model"
+        raise _error(label, field, f"must be one of {', '.join(PROFILE_MODELS)}, got {chosen!r}")
+    swap = _number(cost, "swap_ms_per_block", label, "cost", minimum=0.0)
+    if chosen == "affine":
+        compute: AffineCost | TableCost = _affine(cost, label, swap)
+    else:
+        compute = _table(cost, label, swap)
+    scale = _number(cost, "loop_scale", label, "cost", minimum=0.0)
+    if scale <= 0:
+        raise _error(label, "cost.loop_scale", f"must be > 0, got {scale!r}")
+    return ProfileCost(
+        compute,
+        loop_scale=scale,
+        loop_base_ms=_number(cost, "loop_base_ms", label, "cost"),
+        loop_request_ms=_number(cost, "loop_request_ms", label, "cost"),
+        source=label,
+    )
+
+
+def _affine(cost: Mapping[str, object], label: str, swap: float) -> AffineCost:
+    fields = _mapping(cost.get("affine"), label, "cost.affine")
+    values = {name: _number(fields, name, label, "cost.affine", minimum=0.0) for name in AFFINE_FIELDS}
+    return AffineCost(**values, swap_ms_per_block=swap)
+
+
+def _table(cost: Mapping[str, object], label: str, swap: float) -> TableCost:
+    fields = _mapping(cost.get("table"), label, "cost.table")
+    axes = [_int_list(fields, name, label) for name in TABLE_AXES]
+    step_ms = fields.get("step_ms")
+    if not isinstance(step_ms, list) or not all(_is_number(v) for v in step_ms):
+        raise _error(label, "cost.table.step_ms", "must be a list of finite numbers")
+    try:
+        return TableCost(axes[0], axes[1], axes[2], tuple(float(v) for v in step_ms), label, swap)
+    except CostSpecError as exc:
+        raise CostSpecError(f"{label}: field 'cost.table': {exc}") from None
+
+
+def _mapping(value: object, label: str, field: str) -> Mapping[str, object]:
+    if not isinstance(value, dict):
+        what = "the document" if not field else f"field {field!r}"
+        raise CostSpecError(f"{label}: {what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _number(fields: Mapping[str, object], name: str, label: str, owner: str, *, minimum: float | None = None) -> float:
+    value = fields.get(name)
+    if not _is_number(value) or (minimum is not None and float(value) < minimum):  # type: ignore[arg-type]
+        bound = "a finite number" if minimum is None else f"a finite number >= {minimum:g}"
+        raise _error(label, f"{owner}.{name}", f"must be {bound}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _int_list(fields: Mapping[str, object], name: str, label: str) -> tuple[int, ...]:
+    value = fields.get(name)
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise _error(label, f"cost.table.{name}", f"must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _error(label: str, field: str, problem: str) -> CostSpecError:
+    return CostSpecError(f"{label}: field {field!r}: {problem}")
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def parse_profile(args: str) -> ProfileCost:
+    """The `ProfileCost` of ``PATH[,model=affine|table]`` (the text after ``profile:``)."""
+    path, params = args, ""
+    while True:  # peel trailing k=v items off; a path may itself contain commas
+        head, sep, tail = path.rpartition(",")
+        if not sep or "=" not in tail:
+            break
+        path, params = head, f"{tail},{params}"
+    if not path.strip():
+        raise CostSpecError("profile cost: expected profile:PATH.json[,model=affine|table]")
+    values = split_params(params, known=PROFILE_PARAMS, what="profile cost")
+    return load_profile(path.strip(), model=values.get("model"))
