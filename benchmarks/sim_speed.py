@@ -89,6 +89,10 @@ def run_one(workload: str, num_b: int) -> dict[str, float]:
     }
 
 
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
@@ -109,7 +113,7 @@ def main() -> None:
     table = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
     cols = ["requests", "steps", "sim_s", "summary_s", "requests_per_s", "with_summary_per_s", "iterations_per_s",
             "peak_rss_mb"]  # fmt: skip
-    rows = [["workload", *cols]] + [[w, *(f"{table[w][c]:.4g}" for c in cols)] for w in WORKLOADS]
+    rows = [["workload", *cols]] + [[w, *(_fmt(table[w][c]) for c in cols)] for w in WORKLOADS]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols) + 1)]
     print("\n".join("  ".join(c.rjust(wd) for c, wd in zip(r, widths, strict=True)) for r in rows))
     skip_ratio = table["a"]["requests_per_s"] / table["a-no-skip"]["requests_per_s"]
