@@ -62,7 +62,6 @@ class SchedulerOutput:
         return not self.chunks and not self.num_requests
 
 
-
 def build_output(
     step_id: int,
     chunks: list[ScheduledChunk],

@@ -187,9 +187,10 @@ def simulate(
     runs after every update (tests check invariants there; after a decode run it runs once).
     `skip_ahead` takes the steps whose decisions are foregone as decode runs
     (`contbatch.core.span`: steady decoding, arrivals that fit, completions) at a cost per
-    event rather than per request and step, with the same results as stepping through them. `keep_timelines=False` is the streaming mode for
-    very large traces: requests are created at arrival and folded into a `StreamingSummary`
-    once finished (no client cancellations or read rates then)."""
+    event rather than per request and step, with the same results as stepping through them.
+    `keep_timelines=False` is the streaming mode for very large traces: requests are created
+    at arrival and folded into a `StreamingSummary` once finished (no client cancellations or
+    read rates then)."""
     pending = trace.requests
     kv = scheduler.config.kv
     block_size = kv.block_size if kv is not None and kv.enable_prefix_caching else None
