@@ -338,7 +338,9 @@ def _decode_run(
         pass
     run.close()
     if on_step is not None and driver.taken:
-        on_step(scheduler, decode_shape(run.first_step_id + driver.taken - 1, *driver.last), clock.now)
+        last = driver.last
+        step_id = run.first_step_id + driver.taken - 1
+        on_step(scheduler, last if isinstance(last, SchedulerOutput) else decode_shape(step_id, *last), clock.now)
 
 
 class _RunDriver:
@@ -357,7 +359,8 @@ class _RunDriver:
         self.next_arrival = arrivals.next_ts()
         self.taken = 0
         self.duration = 0.0  # the last step's
-        self.last: tuple[int, int, int] = (0, 0, 0)  # the last decode step's decodes, context, padding
+        # the last step: its shape, or a decode step's (decodes, context, padding)
+        self.last: SchedulerOutput | tuple[int, int, int] = (0, 0, 0)
 
     def advance(self) -> bool:
         """Take the next step(s); False when the run must end."""
@@ -377,6 +380,7 @@ class _RunDriver:
         if planned is None:
             return False
         shape, used = planned
+        self.last = shape
         self.duration = self.pricers.cost.step_time(shape)
         self.clock.step(self.duration, shape.num_padding_tokens, used / self.total_blocks)
         self.run.commit(self.clock.now)
