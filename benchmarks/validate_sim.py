@@ -16,10 +16,12 @@ One command reproduces the README's validation table and CDF plot:
 
 `--profile PATH` skips step 1 and uses a profile written earlier (`contbatch calibrate`).
 
-Everything here is timed in real time on the machine it runs on: a neighbour's CPU load during
-the run slows the engine, not the simulator. On a shared machine the script therefore raises its
-own scheduling priority (`--nice -10`, when permitted; 0 leaves it alone) so that the one core
-its single torch thread uses stays its own, and it records the load average around each phase.
+Everything here is timed in real time on the machine it runs on: a neighbour's load during the
+run slows the engine (CPU time and memory bandwidth), not the simulator. On a shared machine the
+script therefore raises its own scheduling priority (`--nice -10`, when permitted; 0 leaves it
+alone), waits before each phase (calibration, each validation) until the other processes use
+less than `--quiet-below` of the machine's CPUs over two seconds, for at most `--quiet-wait`
+seconds, and records what it found.
 """
 
 from __future__ import annotations
@@ -73,6 +75,48 @@ def _renice(increment: int) -> int:
         return os.nice(0)
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """(all CPU ticks, idle + iowait ticks) since boot, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]
+
+
+def _neighbour_cpus(since: tuple[tuple[int, int], float, float]) -> float:
+    """CPUs kept busy by other processes since `since` = (ticks, own CPU seconds, wall time)."""
+    (total0, idle0), own0, wall0 = since
+    total1, idle1 = _cpu_ticks()
+    own = sum(os.times()[:2]) - own0
+    busy_cpus = (total1 - total0 - (idle1 - idle0)) / max(1, total1 - total0) * (os.cpu_count() or 1)
+    return max(0.0, busy_cpus - own / max(1e-9, time.monotonic() - wall0))
+
+
+def _busy_fraction(seconds: float = 2.0) -> float:
+    """The fraction of all CPUs busy over `seconds` (from /proc/stat; the load average elsewhere)."""
+    try:
+        total0, idle0 = _cpu_ticks()
+        time.sleep(seconds)
+        total1, idle1 = _cpu_ticks()
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def _wait_for_quiet(threshold: float, patience_s: float, phase: str) -> dict[str, float]:
+    """Wait until the machine's busy fraction is below `threshold` (at most `patience_s`)."""
+    started = time.monotonic()
+    busy = _busy_fraction()
+    while busy >= threshold and time.monotonic() - started < patience_s:
+        busy = _busy_fraction()
+    waited = time.monotonic() - started
+    if busy >= threshold:
+        print(f"{phase}: the machine is still {100 * busy:.0f}% busy after {waited:.0f} s; going on", file=sys.stderr)
+    return {"busy_fraction_before": busy, "waited_s": waited}
+
+
+def _phase_start() -> tuple[tuple[int, int], float, float]:
+    return _cpu_ticks(), sum(os.times()[:2]), time.monotonic()
+
+
 def _table(results: dict[str, Validation]) -> str:
     names = list(results)
     header = ["metric"] + [f"{n} {col}" for n in names for col in ("predicted", "measured", "error")]
@@ -117,14 +161,17 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path, default=Path("benchmarks/results/validate_sim.json"))
     parser.add_argument("--plot", type=Path, default=Path("docs/img"), help="where validation-cdf.png goes")
     parser.add_argument("--nice", type=int, default=-10, help="niceness increment for this process (default -10)")
+    parser.add_argument("--quiet-below", type=float, default=0.2, help="busy CPU fraction counted as quiet")
+    parser.add_argument("--quiet-wait", type=float, default=90.0, help="seconds to wait for quiet per phase")
     args = parser.parse_args()
     started = time.monotonic()
     niceness = _renice(args.nice)
-    loads = {"start": os.getloadavg()}
+    machine = {"calibration": _wait_for_quiet(args.quiet_below, args.quiet_wait, "calibration")}
+    phase = _phase_start()
     torch.set_num_threads(args.threads)
     config = EngineConfig()
     cost, document = _profile(args, config)
-    loads["calibrated"] = os.getloadavg()
+    machine["calibration"]["neighbour_cpus_during"] = _neighbour_cpus(phase)
     engine = LLMEngine(config)
     shape = workload("shape", args.requests, 1.0, prompt_tokens=PROMPTS, output_tokens=OUTPUTS, seed=args.seed + 100)
     capacity = saturation_rate(shape, engine.scheduler.config, cost)
@@ -135,8 +182,10 @@ def main() -> None:
         trace = workload(name, args.requests, load * capacity, prompt_tokens=PROMPTS, output_tokens=OUTPUTS,
                          seed=args.seed + 101 + index)  # fmt: skip
         print(f"validating {name}: {len(trace)} requests at {load * capacity:.3f} req/s", file=sys.stderr, flush=True)
+        machine[name] = _wait_for_quiet(args.quiet_below, args.quiet_wait, name)
+        phase = _phase_start()
         results[name] = validate(config, cost, trace, engine=engine)
-        loads[name] = os.getloadavg()
+        machine[name]["neighbour_cpus_during"] = _neighbour_cpus(phase)
     print(_table(results))
     for name, v in results.items():
         e = v.step_error
@@ -149,9 +198,11 @@ def main() -> None:
     plot = _plot(results, args.plot)
     elapsed = time.monotonic() - started
     print(f"plot: {plot}; wall time {elapsed:.0f} s")
+    print("CPUs kept busy by other processes: " + ", ".join(
+        f"{name} {m['neighbour_cpus_during']:.2f}" for name, m in machine.items()))  # fmt: skip
     profile_keys = ("created", "machine", "model", "engine", "grid", "cost", "chosen", "fits")
     out = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-           "wall_time_s": elapsed, "niceness": niceness, "load_average_1_5_15_min": loads,
+           "wall_time_s": elapsed, "niceness": niceness, "machine_before_each_phase": machine,
            "capacity_req_per_s": capacity, "loads": dict(zip(results, LOADS, strict=True)),
            "bounds": BOUNDS, "acceptance": accepted, "profile": {k: document.get(k) for k in profile_keys},
            "results": {name: v.as_dict() for name, v in results.items()}}  # fmt: skip

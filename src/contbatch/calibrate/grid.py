@@ -44,7 +44,7 @@ class CalibrationError(ValueError):
 @dataclass(frozen=True, slots=True)
 class GridSpec:
     prefill: tuple[int, ...] = (0, 64, 256, 512, 1024)  # prefill tokens; must start with 0
-    decode: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # decodes (batch buckets); must start with 0
+    decode: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)  # decodes (batch buckets); from 0
     context: tuple[int, ...] = (32, 128, 384, 768)  # context per decode, >= 1
     warmup: int = 1
     repeats: int = 5
