@@ -21,7 +21,7 @@ from typing import Any
 
 from contbatch.calibrate.calibration import CALIBRATION_TRACE
 from contbatch.calibrate.capacity import workload
-from contbatch.calibrate.fit import ErrorStats, error_stats
+from contbatch.calibrate.fit import ErrorStats, StepSample, error_stats
 from contbatch.calibrate.loop import StepRecorder
 from contbatch.core import Timeline, make_scheduler
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
@@ -66,6 +66,7 @@ class Validation:
     measured_summary: dict[str, object]
     predicted_summary: dict[str, object]
     step_error: ErrorStats  # the cost model's price of each engine step against its cycle time
+    steps: tuple[StepSample, ...] = ()  # the engine's steps with their cycle times (not in as_dict)
 
     def row(self, key: str) -> MetricRow:
         return next(r for r in self.rows if r.key == key)
@@ -110,7 +111,9 @@ def validate(config: EngineConfig, cost: CostModel, trace: Trace, *, engine: LLM
         MetricRow(key, label, unit, _number(predicted_summary, key), _number(measured_summary, key))
         for key, label, unit in METRICS
     )
-    return Validation(trace, rows, tuple(measured), result.timelines, measured_summary, predicted_summary, step_error)
+    return Validation(
+        trace, rows, tuple(measured), result.timelines, measured_summary, predicted_summary, step_error, tuple(steps)
+    )
 
 
 def _span(requests: tuple[Any, ...], what: str) -> tuple[int, int]:
