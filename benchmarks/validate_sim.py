@@ -155,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steady on a shared box)")
     parser.add_argument("--requests", type=int, default=150, help="requests per validation trace")
+    parser.add_argument("--replays", type=int, default=3, help="engine replays per trace; measured = their medians")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", type=Path, help="use this profile instead of calibrating")
     parser.add_argument("--profile-out", type=Path, help="also write the fresh profile here")
@@ -184,7 +185,7 @@ def main() -> None:
         print(f"validating {name}: {len(trace)} requests at {load * capacity:.3f} req/s", file=sys.stderr, flush=True)
         machine[name] = _wait_for_quiet(args.quiet_below, args.quiet_wait, name)
         phase = _phase_start()
-        results[name] = validate(config, cost, trace, engine=engine)
+        results[name] = validate(config, cost, trace, engine=engine, replays=args.replays)
         machine[name]["neighbour_cpus_during"] = _neighbour_cpus(phase)
     print(_table(results))
     for name, v in results.items():

@@ -97,6 +97,8 @@ def test_validate_refuses_an_unknown_trace(tmp_path: Path, capsys: pytest.Captur
             "affine": {"base_ms": 1, "prefill_ms": 0, "decode_ms": 0, "context_ms": 0}}  # fmt: skip
     profile.write_text(json.dumps({"format": PROFILE_FORMAT, "version": 1, "cost": cost}))
     _in_process(capsys, ["validate", "--profile", str(profile), "--trace", "nope"], "unknown trace 'nope'")
+    _in_process(capsys, ["validate", "--profile", str(profile), "--trace", "seed-scaled", "--replays", "0"],
+                "--replays must be >= 1")  # fmt: skip
 
 
 def test_calibrate_simulate_and_validate_a_tiny_model(
@@ -113,14 +115,17 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
     assert main(["simulate", "--trace", str(trace), "--cost", f"profile:{profile}", "--json"]) == 0
     simulated = json.loads(capsys.readouterr().out)
     code = main(["validate", "--model", str(tiny_model), "--profile", str(profile), "--trace", str(trace),
-                 "--kv-cache-memory", "8", "--json", "--plot", str(tmp_path / "img")])  # fmt: skip
+                 "--kv-cache-memory", "8", "--replays", "2", "--json", "--plot", str(tmp_path / "img")])  # fmt: skip
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["threads"] == 1 and report["num_requests"] == 10
     assert report["measured"]["completed"] == report["predicted"]["completed"] == 10
     metrics = report["metrics"]
     assert {"mean_ttft_ms", "p99_tpot_ms", "p90_itl_ms", "median_e2el_ms", "makespan"} <= set(metrics)
-    for row in metrics.values():
+    replays = report["measured_replays"]
+    assert len(replays) == 2
+    for key, row in metrics.items():
         assert row["rel_error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
+        assert row["measured"] == pytest.approx((replays[0][key] + replays[1][key]) / 2)  # the median of two
     # the simulator is deterministic: validate's prediction is the plain simulation of the same trace
     assert simulated["results"]["continuous"]["total_output_tokens"] == report["predicted"]["total_output_tokens"]
     assert (tmp_path / "img" / "validation-trace.png").is_file()  # named after the trace

@@ -54,6 +54,18 @@ def test_loop_scale_multiplies_the_runner_time_only(tmp_path: Path) -> None:
     assert cost.step_time(out) * 1000 == pytest.approx(1.5 * (4.0 + 0.5 * 2 + 0.01 * 100) + 0.5 + 0.1 * 2)
 
 
+def test_steps_with_prefill_use_their_own_loop_scale(tmp_path: Path) -> None:
+    cost = load_profile(_write(tmp_path, _document(loop_scale=1.5, prefill_loop_scale=0.5)))
+    decode = _out(prefill=0, decode=2, context=100, requests=2)
+    mixed = _out(prefill=64, decode=2, context=164, requests=3)
+    assert cost.step_time(decode) * 1000 == pytest.approx(1.5 * (4.0 + 0.5 * 2 + 0.01 * 100) + 0.5 + 0.1 * 2)
+    assert cost.step_time(mixed) * 1000 == pytest.approx(0.5 * (4.0 + 0.25 * 64 + 0.5 * 2 + 0.01 * 164) + 0.5 + 0.3)
+    # absent (an older profile) or null: one scale for every step
+    assert load_profile(_write(tmp_path, _document(loop_scale=1.5, prefill_loop_scale=None))).prefill_loop_scale is None
+    with pytest.raises(CostSpecError, match=r"cost\.prefill_loop_scale"):
+        load_profile(_write(tmp_path, _document(prefill_loop_scale=0)))
+
+
 def test_table_profile_interpolates_along_all_three_axes(tmp_path: Path) -> None:
     cost = load_profile(_write(tmp_path, _document(model="table", loop_base_ms=0.0, loop_request_ms=0.0)))
     assert cost.model == "table" and isinstance(cost.compute, TableCost)

@@ -155,13 +155,31 @@ def fitted_lengths(
     return {"prompt_tokens": scaled(prompt_tokens), "output_tokens": scaled(output_tokens)}
 
 
+MIN_SCALE_STEPS = 4  # steps of a kind needed to give it its own in-loop scale
+
+
 def _in_loop(fit: AffineCost | TableCost, steps: list[LoopStep]) -> ProfileCost:
-    """`fit` with the engine loop's terms, fitted on `steps`: the runner's scale (measured runner time
-    over predicted) and the loop's own time around the runner (cycle - measured runner time)."""
+    """`fit` with the engine loop's terms, fitted on `steps`: the runner's scale (measured runner
+    time over predicted) for decode-only steps and for steps with prefill tokens apart (each kind
+    needs `MIN_SCALE_STEPS`, else one scale over all), and the loop's own time around the runner
+    (cycle - measured runner time)."""
     grid_only = ProfileCost(fit)
-    scale = fit_scale([grid_only.compute_ms(s.out) for s in steps], [s.execute_ms for s in steps])
+
+    def scale_of(kind: list[LoopStep]) -> float:
+        return fit_scale([grid_only.compute_ms(s.out) for s in kind], [s.execute_ms for s in kind])
+
+    prefills = [s for s in steps if s.out.num_prefill_tokens]
+    decodes = [s for s in steps if not s.out.num_prefill_tokens]
+    separate = len(prefills) >= MIN_SCALE_STEPS and len(decodes) >= MIN_SCALE_STEPS
+    scale = scale_of(decodes) if separate else scale_of(steps)
     loop = fit_loop([s.out.num_requests for s in steps], [(s.cycle_ms or 0.0) - s.execute_ms for s in steps])
-    return ProfileCost(fit, loop_scale=scale, loop_base_ms=loop.base_ms, loop_request_ms=loop.request_ms)
+    return ProfileCost(
+        fit,
+        loop_scale=scale,
+        prefill_loop_scale=scale_of(prefills) if separate else None,
+        loop_base_ms=loop.base_ms,
+        loop_request_ms=loop.request_ms,
+    )
 
 
 def _candidate(profile: ProfileCost, off_grid: list[StepSample], heldout_steps: list[StepSample]) -> Candidate:

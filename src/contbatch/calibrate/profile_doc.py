@@ -100,6 +100,7 @@ def cost_object(profile: ProfileCost, fits: Mapping[str, AffineCost | TableCost]
     return {
         "model": profile.model,
         "loop_scale": profile.loop_scale,
+        "prefill_loop_scale": profile.prefill_loop_scale,
         "loop_base_ms": profile.loop_base_ms,
         "loop_request_ms": profile.loop_request_ms,
         "swap_ms_per_block": affine.swap_ms_per_block,
@@ -156,6 +157,7 @@ def profile_document(
                 "heldout_grid": c.grid_heldout.as_dict(),
                 "heldout_engine_steps": c.loop_heldout.as_dict(),
                 "loop_scale": c.profile.loop_scale,
+                "prefill_loop_scale": c.profile.prefill_loop_scale,
             }
             for name, c in candidates.items()
         },

@@ -77,6 +77,8 @@ def add_calibrate_parsers(commands: Any) -> None:
     validate.add_argument("--trace", required=True, help="a built-in trace or a .jsonl/.csv file (seconds)")
     validate.add_argument("--scheduler", default="continuous", help="continuous (default) or static")
     validate.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
+    validate.add_argument("--replays", type=int, default=1,
+                          help="engine replays of the trace; measured = their medians (default 1)")  # fmt: skip
     validate.add_argument("--json", action="store_true", help="print the comparison as JSON")
     validate.add_argument("--plot", type=Path, metavar="DIR", help="write the measured and predicted CDFs here")
     _shared_flags(validate)
@@ -207,6 +209,8 @@ def run_validate_command(args: argparse.Namespace) -> int:
         config = _engine_config(args, args.scheduler)
         if args.scheduler not in ("continuous", "static"):
             raise UsageError(f"--scheduler: unknown {args.scheduler!r}; known: continuous, static")
+        if args.replays < 1:
+            raise UsageError(f"--replays must be >= 1, got {args.replays}")
     except (UsageError, TraceError) as exc:
         print(f"contbatch validate: error: {exc}", file=sys.stderr)
         return 2
@@ -217,7 +221,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
     if document["threads_used"] is not None:
         torch.set_num_threads(document["threads_used"])
     try:
-        result = validate(config, cost, trace)
+        result = validate(config, cost, trace, replays=args.replays)
     except _bad_input(ValueError) as exc:
         print(f"contbatch validate: error: {exc}", file=sys.stderr)
         return 2

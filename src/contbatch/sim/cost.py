@@ -19,6 +19,8 @@ a real executor receives), so cost models are pure, frozen and deterministic.
   `contbatch.sim.costs.roofline` states the model, `contbatch.sim.costs.presets` the figures.
 - `TableCost` (`table:PATH[,k=v...]`, seconds): interpolated from a CSV grid of step times;
   `contbatch.sim.costs.table` states the format and the interpolation.
+- `ProfileCost` (`profile:PATH[,model=affine|table]`, seconds): fitted to the real engine's own
+  step times by `contbatch calibrate`; `contbatch.sim.costs.profile` states the model and format.
 
 `parse_cost` builds any of them from a spec string; an unknown name or parameter is a
 `CostSpecError` that names it and lists what is known.
@@ -103,12 +105,13 @@ class AffineCost:
         return ms / 1000.0
 
 
-COST_MODELS = ("unit", "affine", "roofline", "table")
+COST_MODELS = ("unit", "affine", "roofline", "table", "profile")
 
 
 def parse_cost(spec: str) -> CostModel:
     """`unit`, `unit:8`, `affine`, `affine:base_ms=8,decode_ms=0.07`, `roofline:llama-2-7b@a100`,
-    `roofline:llama-3-70b@h100x4,eff=0.5`, `table:steps.csv`; CostSpecError otherwise."""
+    `roofline:llama-3-70b@h100x4,eff=0.5`, `table:steps.csv`, `profile:profile.json`;
+    CostSpecError otherwise."""
     name, _, args = spec.partition(":")
     if name == "unit":
         return UnitCost(_parse_int(args, "unit cost capacity") if args else 8)
@@ -125,7 +128,7 @@ def parse_cost(spec: str) -> CostModel:
     raise CostSpecError(
         f"unknown cost model {name!r}; known: unit[:C], affine[:k=v,...], "
         f"roofline:MODEL@DEVICE[xN][,k=v,...] (models: {', '.join(MODELS)}; devices: {', '.join(DEVICES)}), "
-        "table:PATH.csv"
+        "table:PATH.csv, profile:PATH.json[,model=affine|table] (from contbatch calibrate)"
     )
 
 

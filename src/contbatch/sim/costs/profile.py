@@ -2,7 +2,8 @@
 
 A profile (JSON, written by `contbatch.calibrate`) prices one step as::
 
-    ms = loop_scale * compute(out) + loop_base_ms + loop_request_ms * num_requests
+    ms = scale * compute(out) + loop_base_ms + loop_request_ms * num_requests
+    scale = prefill_loop_scale if the step has prefill tokens (and the profile has one) else loop_scale
 
 - ``compute``: the runner's forward and sampling time, fitted on a grid of synthetic steps, either
   an `AffineCost` (base + per prefill, decode and context token) or a `TableCost` grid over
@@ -21,7 +22,8 @@ A profile (JSON, written by `contbatch.calibrate`) prices one step as::
 File format (only the ``cost`` object is read here; the rest is provenance for reports)::
 
     {"format": "contbatch-profile", "version": 1,
-     "cost": {"model": "affine" | "table", "loop_scale": 1.05, "loop_base_ms": 0.2, "loop_request_ms": 0.01,
+     "cost": {"model": "affine" | "table", "loop_scale": 1.05, "prefill_loop_scale": 0.98,
+              "loop_base_ms": 0.2, "loop_request_ms": 0.01,
               "swap_ms_per_block": 0.32,
               "affine": {"base_ms": 5.0, "prefill_ms": 0.25, "decode_ms": 0.6, "context_ms": 0.004},
               "table": {"prefill_axis": [...], "decode_axis": [...], "context_axis": [...],
@@ -60,6 +62,7 @@ MIN_STEP_MS = 0.001  # the floor of a step's price: a step always moves the cloc
 class ProfileCost:
     compute: AffineCost | TableCost  # the runner's time per step (forward + sampling), seconds
     loop_scale: float = 1.0  # the runner's time in a real engine run over `compute`'s; finite, > 0
+    prefill_loop_scale: float | None = None  # the same for steps with prefill tokens; None: loop_scale
     loop_base_ms: float = 0.0  # per step, added by the engine loop around the runner; finite, may be < 0
     loop_request_ms: float = 0.0  # per scheduled request; finite, may be < 0
     source: str = "<profile>"  # the file it came from, for reports
@@ -71,6 +74,9 @@ class ProfileCost:
                 raise CostSpecError(f"profile cost: {name} must be a finite number, got {value!r}")
         if self.loop_scale <= 0:
             raise CostSpecError(f"profile cost: loop_scale must be > 0, got {self.loop_scale!r}")
+        prefill_scale = self.prefill_loop_scale
+        if prefill_scale is not None and not (_is_number(prefill_scale) and prefill_scale > 0):
+            raise CostSpecError(f"profile cost: prefill_loop_scale must be a finite number > 0, got {prefill_scale!r}")
 
     @property
     def time_unit(self) -> str:
@@ -82,7 +88,10 @@ class ProfileCost:
         return "table" if isinstance(self.compute, TableCost) else "affine"
 
     def step_time(self, out: SchedulerOutput) -> float:
-        ms = self.loop_scale * self.compute_ms(out) + self.loop_base_ms + self.loop_request_ms * out.num_requests
+        scale = self.loop_scale
+        if out.num_prefill_tokens and self.prefill_loop_scale is not None:
+            scale = self.prefill_loop_scale
+        ms = scale * self.compute_ms(out) + self.loop_base_ms + self.loop_request_ms * out.num_requests
         return max(ms, MIN_STEP_MS) / 1000.0
 
     def compute_ms(self, out: SchedulerOutput) -> float:
@@ -149,9 +158,15 @@ def profile_from_document(document: object, label: str = "<profile>", *, model: 
     scale = _number(cost, "loop_scale", label, "cost", minimum=0.0)
     if scale <= 0:
         raise _error(label, "cost.loop_scale", f"must be > 0, got {scale!r}")
+    prefill_scale = None
+    if cost.get("prefill_loop_scale") is not None:
+        prefill_scale = _number(cost, "prefill_loop_scale", label, "cost", minimum=0.0)
+        if prefill_scale <= 0:
+            raise _error(label, "cost.prefill_loop_scale", f"must be > 0, got {prefill_scale!r}")
     return ProfileCost(
         compute,
         loop_scale=scale,
+        prefill_loop_scale=prefill_scale,
         loop_base_ms=_number(cost, "loop_base_ms", label, "cost"),
         loop_request_ms=_number(cost, "loop_request_ms", label, "cost"),
         source=label,
