@@ -42,6 +42,7 @@ from contbatch.calibrate.grid import GridSpec, blocks_needed, check_fits_model, 
 from contbatch.calibrate.loop import LoopStep, StepRecorder
 from contbatch.calibrate.profile_doc import profile_document
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
+from contbatch.engine.replay import replay
 from contbatch.engine.runner import ModelRunner
 from contbatch.sim.cost import AffineCost
 from contbatch.sim.costs.profile import ProfileCost
@@ -126,7 +127,6 @@ def _grid_runner(engine: LLMEngine, config: CalibrationConfig, points: list[tupl
 
 def _engine_run(engine: LLMEngine, config: CalibrationConfig, guess: ProfileCost, progress: Progress) -> list[LoopStep]:
     """Steps of a real run of the calibration workload at `loop_load` of the predicted capacity."""
-    from contbatch.cli.engine_cmd import replay  # the same real-time replay as `contbatch run`
 
     lengths = fitted_lengths(config.prompt_tokens, config.output_tokens, engine.max_model_len)
     shape = workload(CALIBRATION_TRACE, config.loop_requests, 1.0, **lengths, seed=config.seed)

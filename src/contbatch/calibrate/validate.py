@@ -29,6 +29,7 @@ from contbatch.calibrate.fit import ErrorStats, StepSample, error_stats
 from contbatch.calibrate.loop import StepRecorder
 from contbatch.core import SchedulerConfig, Timeline, make_scheduler
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
+from contbatch.engine.replay import replay
 from contbatch.metrics import summarize
 from contbatch.sim.cost import CostModel
 from contbatch.sim.loop import simulate
@@ -125,7 +126,6 @@ def _replay(
 ) -> tuple[tuple[Timeline, ...], SchedulerConfig, dict[str, object], list[StepSample]]:
     """One warmed-up real-time replay on a fresh engine: timelines, the scheduler config it ran
     with, their summary, its steps with their cycle times."""
-    from contbatch.cli.engine_cmd import replay  # the same real-time replay as `contbatch run`
 
     head = trace.requests[:4]
     warm = workload(

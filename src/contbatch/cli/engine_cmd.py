@@ -13,7 +13,6 @@ cached. Bad flags exit 2 with one line; the engine refuses what it cannot run wi
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from typing import Any
@@ -22,7 +21,7 @@ from contbatch.cli.options import UsageError, scheduler_config
 from contbatch.core import SCHEDULERS, Timeline
 from contbatch.metrics import format_compare_table, format_number, per_request_table, summarize
 from contbatch.sim.cost import AffineCost
-from contbatch.traces import Trace, TraceError, load_trace
+from contbatch.traces import TraceError, load_trace
 
 MIB = 1024**2
 
@@ -107,6 +106,7 @@ def _chat(llm: Any, prompt: str) -> str:
 
 def run_run_command(args: argparse.Namespace) -> int:
     from contbatch.engine.llm_engine import LLMEngine
+    from contbatch.engine.replay import replay
 
     try:
         kinds = [k.strip() for k in args.schedulers.split(",") if k.strip()]
@@ -142,43 +142,3 @@ def run_run_command(args: argparse.Namespace) -> int:
         )
         print(f"{kind}: {cells}")
     return 0
-
-
-def replay(engine: Any, trace: Trace, *, seed: int = 0) -> list[Timeline]:
-    """Send each request at its arrival time (relative to now) with random prompt token ids of
-    its length and its output length forced; step until all finish. Timelines are shifted so
-    that the trace starts at 0."""
-    from contbatch.engine.sampling import SamplingParams
-
-    rng = random.Random(seed)
-    vocab = engine.runner.spec.vocab_size
-    start = time.monotonic()
-    sent = []
-    pending = list(trace.requests)
-    while pending or engine.has_unfinished():
-        now = time.monotonic()
-        while pending and start + pending[0].arrival_ts <= now:
-            spec = pending.pop(0)
-            prompt = [rng.randrange(3, vocab) for _ in range(spec.num_prompt_tokens)]
-            params = SamplingParams(temperature=0.0, max_tokens=spec.num_output_tokens, ignore_eos=True)
-            sent.append(
-                engine.add_request(prompt, params, request_id=spec.request_id, arrival_ts=start + spec.arrival_ts)
-            )
-        if engine.has_unfinished():
-            engine.step()
-        elif pending:
-            time.sleep(max(0.0, start + pending[0].arrival_ts - time.monotonic()))
-    return [_shifted(r.timeline, start) for r in sent]
-
-
-def _shifted(tl: Timeline, offset: float) -> Timeline:
-    shifted = Timeline(
-        tl.request_id, tl.arrival_ts - offset, tl.num_prompt_tokens, tenant=tl.tenant, priority=tl.priority
-    )
-    for ts in tl.scheduled_ts:
-        shifted.record_scheduled(ts - offset)
-    for ts, n in zip(tl.token_ts, tl.token_counts, strict=True):
-        shifted.record_tokens(ts - offset, n)
-    if tl.finished_ts is not None and tl.finish_reason is not None:
-        shifted.record_finished(tl.finished_ts - offset, tl.finish_reason)
-    return shifted
