@@ -64,3 +64,14 @@ def check_number(owner: str, name: str, value: object, *, minimum: float = 0.0, 
 def check_int(owner: str, name: str, value: object, *, minimum: int = 0) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise CostSpecError(f"{owner}: {name} must be an integer >= {minimum}, got {value!r}")
+
+
+def split_path(args: str) -> tuple[str, str]:
+    """``PATH[,k=v...]`` as (PATH, "k=v,..."): trailing k=v items are peeled off one by one, so
+    a path may itself contain commas."""
+    path, params = args, ""
+    while True:
+        head, sep, tail = path.rpartition(",")
+        if not sep or "=" not in tail:
+            return path.strip(), params
+        path, params = head, f"{tail},{params}"

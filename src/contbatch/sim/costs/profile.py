@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from contbatch.core.outputs import SchedulerOutput
 from contbatch.sim.cost import AffineCost
-from contbatch.sim.costs.errors import CostSpecError, split_params
+from contbatch.sim.costs.errors import CostSpecError, split_params, split_path
 from contbatch.sim.costs.table import TableCost
 
 PROFILE_FORMAT = "contbatch-profile"
@@ -227,13 +227,8 @@ def _one_line(exc: Exception) -> str:
 
 def parse_profile(args: str) -> ProfileCost:
     """The `ProfileCost` of ``PATH[,model=affine|table]`` (the text after ``profile:``)."""
-    path, params = args, ""
-    while True:  # peel trailing k=v items off; a path may itself contain commas
-        head, sep, tail = path.rpartition(",")
-        if not sep or "=" not in tail:
-            break
-        path, params = head, f"{tail},{params}"
-    if not path.strip():
+    path, params = split_path(args)
+    if not path:
         raise CostSpecError("profile cost: expected profile:PATH.json[,model=affine|table]")
     values = split_params(params, known=PROFILE_PARAMS, what="profile cost")
-    return load_profile(path.strip(), model=values.get("model"))
+    return load_profile(path, model=values.get("model"))

@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass
 
 from contbatch.core.outputs import SchedulerOutput
-from contbatch.sim.costs.errors import CostSpecError, check_number, float_param, split_params
+from contbatch.sim.costs.errors import CostSpecError, check_number, float_param, split_params, split_path
 
 PREFILL, DECODE, CONTEXT, STEP_MS = "num_prefill_tokens", "num_decode_tokens", "num_context_tokens", "step_ms"
 TABLE_COLUMNS = (PREFILL, DECODE, CONTEXT, STEP_MS)
@@ -228,14 +228,9 @@ def _grid(points: dict[tuple[int, int, int], tuple[float, int]], label: str, swa
 
 def parse_table(args: str) -> TableCost:
     """The `TableCost` of ``PATH[,swap_ms_per_block=X]`` (the text after ``table:``)."""
-    path, params = args, ""
-    while True:  # peel trailing k=v items off; a path may itself contain commas
-        head, sep, tail = path.rpartition(",")
-        if not sep or "=" not in tail:
-            break
-        path, params = head, f"{tail},{params}"
-    if not path.strip():
+    path, params = split_path(args)
+    if not path:
         raise CostSpecError(f"table cost: expected table:PATH[,k=v...] with k in {', '.join(TABLE_PARAMS)}")
     values = split_params(params, known=TABLE_PARAMS, what="table cost")
     swap = float_param(values.get("swap_ms_per_block", "0.32"), "swap_ms_per_block", "table cost")
-    return load_table(path.strip(), swap_ms_per_block=swap)
+    return load_table(path, swap_ms_per_block=swap)
