@@ -109,7 +109,7 @@ class DecodeRun:
     def __init__(
         self, scheduler: ContinuousScheduler, stop_after: MutableMapping[str, int], *, admits_arrivals: bool
     ) -> None:
-        self.s = scheduler
+        self.scheduler = scheduler
         self.first_step_id = scheduler._step_id  # the id of the run's first step
         self.stop_after = stop_after  # the executor's stop countdowns: decremented at close
         self.admits_arrivals = admits_arrivals and _admission_is_simple(scheduler)
@@ -185,7 +185,7 @@ class DecodeRun:
                 in_use.append(used)
         if not in_use:
             return None
-        return Segment(n, self.context_base + n * (i + 1), self.s.bucket_padding_for(n), in_use)
+        return Segment(n, self.context_base + n * (i + 1), self.scheduler.bucket_padding_for(n), in_use)
 
     def commit_segment(self, segment: Segment, end_ts: list[float]) -> None:
         """Take the first `len(end_ts)` steps of `segment`, ending at those times."""
@@ -209,7 +209,8 @@ class DecodeRun:
         i = len(self.step_ts)
         n = self.num_decoding
         growth = self.phase[i % self.block_size] if self.tracks_growth else 0
-        admitted = self._admissible(list(self.s.waiting.candidates(now)), n, self._pool_free - self.owed - growth)
+        waiting = list(self.scheduler.waiting.candidates(now))
+        admitted = self._admissible(waiting, n, self._pool_free - self.owed - growth)
         if not admitted:
             return None
         self.owed += growth
@@ -218,7 +219,7 @@ class DecodeRun:
             self.owed += blocks
             self._admitted_owed.append(blocks)
         prefill = sum(r.num_prompt_tokens for r in admitted)
-        padding = self.s.bucket_padding_for(n + prefill)
+        padding = self.scheduler.bucket_padding_for(n + prefill)
         self._pending = (admitted, padding)
         chunks = tuple(ScheduledChunk(r.request_id, 0, r.num_prompt_tokens, True, True) for r in admitted)
         context = self.context_base + n * (i + 1)
@@ -238,7 +239,7 @@ class DecodeRun:
     def _admissible(self, waiting: list[Request], n: int, free: int) -> list[Request]:
         """All of `waiting` when they fit this step at once, each with its whole prompt (a seat,
         the budget, their blocks); [] when one does not (then the scheduler decides)."""
-        s = self.s
+        s = self.scheduler
         cfg = s.config
         memory = s.memory
         seats = s._max_seqs - self.num_alive
@@ -262,7 +263,7 @@ class DecodeRun:
         """Admit a waiting request checked by `_admissible`; returns the blocks owed for it
         (counted, not taken: it takes them from the pool only if it is still running at
         `close`)."""
-        s = self.s
+        s = self.scheduler
         s.waiting.admitted(request)
         s.waiting.remove((request,))
         request.admit(now)
@@ -298,9 +299,9 @@ class DecodeRun:
         m.done = True
         self.num_alive -= 1
         reason = FinishReason.STOP if m.stops else FinishReason.LENGTH
-        self.s._finish(m.request, reason, self.step_ts[m.last])  # frees the blocks it really holds
-        if self.s.memory is not None:
-            self._pool_free = self.s.memory.kv.num_free_blocks
+        self.scheduler._finish(m.request, reason, self.step_ts[m.last])  # frees the blocks it really holds
+        if self.scheduler.memory is not None:
+            self._pool_free = self.scheduler.memory.kv.num_free_blocks
 
     def _materialize(self, m: _Member, num_steps: int) -> None:
         """Bring the member's request up to date after `num_steps` run steps: tokens, computed
@@ -313,8 +314,8 @@ class DecodeRun:
             r.num_output_tokens += len(ts)
             r.timeline.record_token_run(ts)
             r.num_computed_tokens = m.base + end - m.first
-            if self.s._charges_service:
-                self.s.waiting.charge(r, len(ts))
+            if self.scheduler._charges_service:
+                self.scheduler.waiting.charge(r, len(ts))
             rid = r.request_id
             if rid in self.stop_after:
                 self.stop_after[rid] -= len(ts)
@@ -322,19 +323,19 @@ class DecodeRun:
 
     def _take_blocks(self, m: _Member) -> bool:
         """Take from the pool what a member still running holds (its owed blocks)."""
-        memory = self.s.memory
+        memory = self.scheduler.memory
         assert memory is not None
         r = m.request
         if not m.owed_at_join:  # held its blocks before the run: only the growth is new
             return memory.grow(r, r.num_computed_tokens)
         r.kv_capacity = 0  # it held nothing in the pool yet
-        return memory.reserve(r, max(_first_hold(r, self.s), r.num_computed_tokens))
+        return memory.reserve(r, max(_first_hold(r, self.scheduler), r.num_computed_tokens))
 
     def close(self) -> list[Request]:
         """Hand the state back to the scheduler as if every step had been scheduled one by one:
         members' requests updated, their blocks taken, `running` refreshed. Returns the
         requests still running."""
-        s = self.s
+        s = self.scheduler
         k = len(self.step_ts)
         running: list[Request] = []
         for m in self.members:

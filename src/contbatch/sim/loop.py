@@ -354,7 +354,7 @@ class _RunDriver:
         self.clock = clock
         self.arrivals = arrivals
         self.cancel_ts = cancel_ts  # a step overlapping it is not the run's
-        memory = run.s.memory
+        memory = run.scheduler.memory
         self.total_blocks = memory.kv.num_blocks if memory is not None else 1
         self.next_arrival = arrivals.next_ts()
         self.taken = 0
@@ -373,7 +373,7 @@ class _RunDriver:
             return False
         due = self.arrivals.due(self.clock.now)
         for request in due:  # handed over as the loop would (rejections happen here)
-            self.run.s.add_request(request, self.clock.now)
+            self.run.scheduler.add_request(request, self.clock.now)
         self.arrivals.added(len(due))
         self.next_arrival = self.arrivals.next_ts()
         planned = self.run.admit_step(self.clock.now)
