@@ -39,7 +39,7 @@ class PoisonExecutor(PacedSimExecutor):
 
 def poisoned_backend() -> SimBackend:
     backend = sim_backend("affine:base_ms=5")
-    backend._executor = PoisonExecutor(backend.executor)
+    backend.executor = PoisonExecutor(backend.executor)
     return backend
 
 

@@ -92,26 +92,14 @@ class EngineBackend:
     name = "engine"
 
     def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, config: SchedulerConfig, model_name: str) -> None:
-        self._executor = EngineExecutor(runner, tokenizer)
+        self.executor = EngineExecutor(runner, tokenizer)
+        self.config = config
+        self.model_name = model_name
         self._tokenizer = tokenizer
-        self._config = config
-        self._model_name = model_name
-
-    @property
-    def model_name(self) -> str:
-        return self._model_name
-
-    @property
-    def config(self) -> SchedulerConfig:
-        return self._config
-
-    @property
-    def executor(self) -> EngineExecutor:
-        return self._executor
 
     @property
     def vocab_size(self) -> int:
-        return self._executor.runner.spec.vocab_size
+        return self.executor.runner.spec.vocab_size
 
     def tokenize(self, text: str) -> tuple[int, ...]:
         return tuple(self._tokenizer.encode(text))

@@ -145,21 +145,9 @@ class SimBackend:
                 f"the sim backend paces steps in real time and needs a cost model in seconds (affine); "
                 f"this one is in {cost.time_unit} units"
             )
-        self._config = config
-        self._model_name = model_name
-        self._executor = PacedSimExecutor(cost)
-
-    @property
-    def model_name(self) -> str:
-        return self._model_name
-
-    @property
-    def config(self) -> SchedulerConfig:
-        return self._config
-
-    @property
-    def executor(self) -> PacedSimExecutor:
-        return self._executor
+        self.config = config
+        self.model_name = model_name
+        self.executor = PacedSimExecutor(cost)
 
     @property
     def vocab_size(self) -> int:
