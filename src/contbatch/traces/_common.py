@@ -90,6 +90,16 @@ def csv_records(text: str, label: str) -> list[tuple[int, list[str]]]:
         raise TraceError(f"malformed CSV: {exc}", file=label, line=reader.line_num) from None
 
 
+def csv_table(text: str, label: str) -> tuple[Where, list[str], list[tuple[int, list[str]]]]:
+    """A CSV file as (where its header is, the header, the records after it); an empty file is
+    a `TraceError`."""
+    records = csv_records(text, label)
+    if not records:
+        raise TraceError("empty file: no header", file=label)
+    header_line, header = records[0]
+    return Where(label, header_line), header, records[1:]
+
+
 def check_header(header: Sequence[str], where: Where, *, allowed: Sequence[str], required: Sequence[str]) -> None:
     """Reject unknown, repeated and missing columns, naming the column."""
     seen: set[str] = set()

@@ -28,11 +28,11 @@ from contbatch.traces._common import (
     assemble_trace,
     build_request,
     check_header,
-    csv_records,
+    csv_table,
     integer_cell,
     load_file,
 )
-from contbatch.traces.schema import Trace, TraceError, TraceRequest
+from contbatch.traces.schema import Trace, TraceRequest
 
 AZURE_HEADER: tuple[str, ...] = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 # TraceRequest attribute -> the Azure column it comes from, for error messages.
@@ -62,13 +62,10 @@ def import_azure_csv(
 
 def parse_azure_csv(text: str, label: str, *, name: str, time_unit: str, source: str) -> Trace:
     """Parse Azure-format CSV ``text``; ``label`` names the file in error messages."""
-    records = csv_records(text, label)
-    if not records:
-        raise TraceError("empty file: no header", file=label)
-    header_line, header = records[0]
-    check_header(header, Where(label, header_line), allowed=AZURE_HEADER, required=AZURE_HEADER)
+    where, header, records = csv_table(text, label)
+    check_header(header, where, allowed=AZURE_HEADER, required=AZURE_HEADER)
     rows: list[tuple[int, int, TraceRequest]] = []  # (line, timestamp ns, request at arrival 0)
-    for line, cells in records[1:]:
+    for line, cells in records:
         if any(cells):
             where = Where(label, line)
             timestamp_ns, request = _parse_row(header, cells, where, f"azure-{len(rows)}")

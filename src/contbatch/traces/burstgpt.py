@@ -31,7 +31,7 @@ from contbatch.traces._common import (
     Where,
     assemble_trace,
     build_request,
-    csv_records,
+    csv_table,
     load_file,
 )
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
@@ -62,14 +62,11 @@ def import_burstgpt_csv(
 
 def parse_burstgpt_csv(text: str, label: str, *, name: str, time_unit: str, source: str | None = None) -> Trace:
     """Parse BurstGPT CSV ``text``; ``source`` defaults to the file and the number of failures skipped."""
-    records = csv_records(text, label)
-    if not records:
-        raise TraceError("empty file: no header", file=label)
-    header_line, header = records[0]
-    columns = locate_columns(header, Where(label, header_line), required=_REQUIRED, optional=("Model",))
+    where, header, records = csv_table(text, label)
+    columns = locate_columns(header, where, required=_REQUIRED, optional=("Model",))
     rows: list[tuple[int, Fraction, TraceRequest]] = []  # (line, timestamp, request at arrival 0)
     num_rows = num_failed = 0
-    for line, cells in records[1:]:
+    for line, cells in records:
         if not any(cells):
             continue
         where = Where(label, line)

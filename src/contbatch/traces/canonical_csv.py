@@ -36,12 +36,12 @@ from contbatch.traces._common import (
     assemble_trace,
     build_request,
     check_header,
-    csv_records,
+    csv_table,
     integer_cell,
     load_file,
 )
 from contbatch.traces.jsonl import request_to_json
-from contbatch.traces.schema import Trace, TraceError, TraceRequest
+from contbatch.traces.schema import Trace, TraceRequest
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("arrival", "prompt_tokens", "output_tokens")
 _INTEGER_COLUMNS = frozenset({"prompt_tokens", "output_tokens", "priority", "max_tokens", "prefix_tokens"})
@@ -60,13 +60,10 @@ def load_csv(path: PathArg, *, time_unit: str = "s", name: str | None = None, so
 
 def parse_canonical_csv(text: str, label: str, *, name: str, time_unit: str, source: str) -> Trace:
     """Parse canonical CSV ``text``; ``label`` names the file in error messages."""
-    records = csv_records(text, label)
-    if not records:
-        raise TraceError("empty file: no header", file=label)
-    header_line, header = records[0]
-    check_header(header, Where(label, header_line), allowed=tuple(CANONICAL_FIELDS), required=REQUIRED_COLUMNS)
+    where, header, records = csv_table(text, label)
+    check_header(header, where, allowed=tuple(CANONICAL_FIELDS), required=REQUIRED_COLUMNS)
     located: list[tuple[int, TraceRequest]] = []
-    for line, cells in records[1:]:
+    for line, cells in records:
         if any(cells):
             where = Where(label, line)
             values = _row_values(header, cells, where)

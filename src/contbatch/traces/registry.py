@@ -34,7 +34,7 @@ from contbatch.traces._common import (
     CANONICAL_FIELDS,
     PathArg,
     check_time_unit,
-    csv_records,
+    csv_table,
     default_name,
     read_text,
 )
@@ -115,10 +115,7 @@ def _builtin(name: str, time_unit: str | None) -> Trace:
 
 def _load_sniffed_csv(label: str, time_unit: str) -> Trace:
     text = read_text(label)
-    records = csv_records(text, label)
-    if not records:
-        raise TraceError("empty file: no header", file=label)
-    header = records[0][1]
+    _, header, _ = csv_table(text, label)
     name = default_name(label)
     if "TIMESTAMP" in header:
         source = f"file {label} (Azure LLM inference trace format)"

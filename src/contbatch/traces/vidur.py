@@ -23,10 +23,10 @@ from contbatch.traces._common import (
     Where,
     assemble_trace,
     build_request,
-    csv_records,
+    csv_table,
     load_file,
 )
-from contbatch.traces.schema import Trace, TraceError, TraceRequest
+from contbatch.traces.schema import Trace, TraceRequest
 
 VIDUR_COLUMNS: tuple[str, ...] = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 _FIELD_NAMES = {
@@ -52,13 +52,10 @@ def import_vidur_csv(
 
 def parse_vidur_csv(text: str, label: str, *, name: str, time_unit: str, source: str) -> Trace:
     """Parse Vidur-format CSV ``text``; ``label`` names the file in error messages."""
-    records = csv_records(text, label)
-    if not records:
-        raise TraceError("empty file: no header", file=label)
-    header_line, header = records[0]
-    columns = locate_columns(header, Where(label, header_line), required=VIDUR_COLUMNS)
+    where, header, records = csv_table(text, label)
+    columns = locate_columns(header, where, required=VIDUR_COLUMNS)
     located: list[tuple[int, TraceRequest]] = []
-    for line, cells in records[1:]:
+    for line, cells in records:
         if not any(cells):
             continue
         where = Where(label, line)
