@@ -22,22 +22,11 @@ from contbatch.core import (
     RequestStatus,
     SchedulerConfig,
     SchedulerOutput,
-    StepResult,
     check_invariants,
 )
 from contbatch.core.config import KVConfig
 
-
-def result(out: SchedulerOutput) -> StepResult:
-    """One dummy token for every chunk that samples."""
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
-
-
-def step(s: ContinuousScheduler, now: float) -> SchedulerOutput:
-    out = s.schedule(now)
-    s.update(out, result(out), now + 1.0)
-    check_invariants(s)
-    return out
+from .drive import sampled, step
 
 
 def add(s: ContinuousScheduler, rid: str, prompt: int, limit: int, now: float = 0.0, **kw: object) -> Request:
@@ -157,7 +146,7 @@ def test_optimistic_preempts_the_newest_by_recompute() -> None:
     assert [q.request_id for q in s.waiting] == ["c", "d"]  # to the FRONT of the queue
     assert r["c"].timeline.preempted_ts == [3.0]
     assert (s.stats.num_preemptions, s.stats.num_recompute_preemptions, s.stats.num_swap_outs) == (1, 1, 0)
-    s.update(out, result(out), 4.0)
+    s.update(out, sampled(out), 4.0)
     check_invariants(s)
     assert r["a"].finish_reason is FinishReason.LENGTH and r["b"].finish_reason is FinishReason.LENGTH
     assert s.stats.num_recomputed_tokens == 0
@@ -183,7 +172,7 @@ def test_requester_that_is_the_newest_preempts_itself() -> None:
     out = s.schedule(2.0)
     assert out.preempted_ids == ("b",) and ids(out) == ["a"]  # b, the newest, yields its own step
     assert held(s, "b") == 0 and b.num_computed_tokens == 0 and b.status is RequestStatus.PREEMPTED
-    s.update(out, result(out), 3.0)
+    s.update(out, sampled(out), 3.0)
     check_invariants(s)
     assert a.finish_reason is FinishReason.LENGTH
     run_to_end(s, 3.0)

@@ -17,23 +17,13 @@ from contbatch.core import (
     Request,
     SchedulerConfig,
     SchedulerOutput,
-    StepResult,
     check_invariants,
 )
 from contbatch.core.config import KVConfig
 
+from .drive import step
+
 BIG_KV = KVConfig(block_size=4, num_blocks=64, watermark=0.0)
-
-
-def result(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
-
-
-def step(s: ContinuousScheduler, now: float) -> SchedulerOutput:
-    out = s.schedule(now)
-    s.update(out, result(out), now + 1.0)
-    check_invariants(s)
-    return out
 
 
 def chunks(out: SchedulerOutput) -> list[tuple[str, int, int]]:
@@ -224,7 +214,6 @@ def test_prefill_first_with_drafts_gives_back_blocks_a_smaller_chunk_does_not_us
     """prefill_first reserves each decode's blocks (with its draft lookahead) before admission; a
     decode then given less budget (no draft) must not keep the extra block (found by CI's
     hypothesis run: 'r3' held 3 blocks for 2 tokens)."""
-    from contbatch.core import check_invariants
     from contbatch.sim import UnitCost, simulate
     from contbatch.traces import Trace, TraceRequest
 

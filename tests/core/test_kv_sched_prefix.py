@@ -11,24 +11,13 @@ from contbatch.core import (
     FinishReason,
     Request,
     SchedulerConfig,
-    SchedulerOutput,
-    StepResult,
     check_invariants,
 )
 from contbatch.core.config import KVConfig
 
+from .drive import sampled, step
+
 SHARED = (101, 102)  # hashes of a prefix group's two full blocks
-
-
-def result(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
-
-
-def step(s: ContinuousScheduler, now: float) -> SchedulerOutput:
-    out = s.schedule(now)
-    s.update(out, result(out), now + 1.0)
-    check_invariants(s)
-    return out
 
 
 def make(num_blocks: int = 32, block_size: int = 4, caching: bool = True, budget: int = 64) -> ContinuousScheduler:
@@ -40,7 +29,7 @@ def first_chunk(s: ContinuousScheduler, request: Request, now: float) -> tuple[i
     s.add_request(request, now)
     out = s.schedule(now)
     (chunk,) = [c for c in out.chunks if c.request_id == request.request_id]
-    s.update(out, result(out), now + 1.0)
+    s.update(out, sampled(out), now + 1.0)
     check_invariants(s)
     return chunk.start, chunk.num_new_tokens
 
@@ -61,7 +50,7 @@ def test_second_request_of_a_group_starts_after_the_shared_blocks() -> None:
     assert b_table[:2] == a_table[:2] and b_table[2] != a_table[2]
     assert [kv.pool.ref_count(blk) for blk in b_table] == [2, 2, 1]
     assert kv.num_used_blocks == 5  # a: 4 (its decode of position 12 took one), b: 1 own block
-    s.update(out, result(out), 2.0)
+    s.update(out, sampled(out), 2.0)
     check_invariants(s)
     assert (s.stats.num_prefix_query_tokens, s.stats.num_prefix_hit_tokens) == (24, 8)
     assert s.stats.prefix_hit_rate == 8 / 24
@@ -104,7 +93,7 @@ def test_blocks_of_a_finished_request_stay_cached_and_are_reused() -> None:
     out = s.schedule(1.0)
     assert out.chunks[0][1:3] == (8, 1)
     assert [kv.pool.ref_count(blk) for blk in kv.block_table("b")] == [1, 1, 1]
-    s.update(out, result(out), 2.0)
+    s.update(out, sampled(out), 2.0)
     check_invariants(s)
 
 
@@ -141,7 +130,7 @@ def test_a_request_readmitted_after_recompute_counts_no_hits_again() -> None:
         if preempted_at is not None and b_chunk is not None and b.timeline.scheduled_ts[-1] == now:
             assert (b_chunk.start, b_chunk.num_new_tokens) == (0, 8)  # from 0 over prompt + 4 outputs
             assert kv.block_table("b")[:2] == (0, 1)  # the cached blocks are shared again ...
-        s.update(out, result(out), now + 1.0)
+        s.update(out, sampled(out), now + 1.0)
         check_invariants(s)
         now += 1.0
     assert preempted_at == 5.0 and b.timeline.scheduled_ts == [1.0, 8.0]

@@ -24,16 +24,7 @@ from contbatch.core import (
 from contbatch.core.config import KVConfig
 from contbatch.sim.cost import AffineCost
 
-
-def result(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
-
-
-def step(s: ContinuousScheduler, now: float) -> SchedulerOutput:
-    out = s.schedule(now)
-    s.update(out, result(out), now + 1.0)
-    check_invariants(s)
-    return out
+from .drive import sampled, step
 
 
 def ids(out: SchedulerOutput) -> list[str]:
@@ -70,7 +61,7 @@ def test_swap_keeps_the_computed_tokens_and_moves_the_blocks() -> None:
     assert (st.num_preemptions, st.num_swap_outs, st.num_swapped_out_blocks, st.num_recompute_preemptions) == (
         1, 1, 2, 0,
     )  # fmt: skip
-    s.update(out, result(out), 4.0)
+    s.update(out, sampled(out), 4.0)
     check_invariants(s)
     # t=4: b needs 3 device blocks (its 2 plus one for position 4), only 1 is free
     assert ids(step(s, 4.0)) == ["a"]
@@ -85,7 +76,7 @@ def test_swap_keeps_the_computed_tokens_and_moves_the_blocks() -> None:
     chunk = out.chunks[0]
     assert (chunk.start, chunk.num_new_tokens, chunk.is_prefill) == (4, 1, False)  # no recompute
     assert (s.stats.num_swap_ins, s.stats.num_swapped_in_blocks) == (1, 2)
-    s.update(out, result(out), 7.0)
+    s.update(out, sampled(out), 7.0)
     check_invariants(s)
     assert b.finish_reason is FinishReason.LENGTH and b.num_output_tokens == 4
     assert s.stats.num_recomputed_tokens == 0
@@ -104,7 +95,7 @@ def test_swap_falls_back_to_recompute_when_the_host_pool_is_too_small(num_host_b
     assert (st.num_preemptions, st.num_recompute_preemptions, st.num_swap_outs, st.num_swapped_out_blocks) == (
         1, 1, 0, 0,
     )  # fmt: skip
-    s.update(out, result(out), 4.0)
+    s.update(out, sampled(out), 4.0)
     check_invariants(s)
     now = 4.0
     while s.has_unfinished():
@@ -126,7 +117,7 @@ def test_cancelling_a_swapped_out_request_frees_its_host_blocks() -> None:
     s, _, b = _setup(num_host_blocks=8)
     assert s.memory is not None
     out = s.schedule(3.0)
-    s.update(out, result(out), 4.0)
+    s.update(out, sampled(out), 4.0)
     assert s.memory.kv.num_held_host_blocks("b") == 2
     assert s.cancel("b", 4.5)
     check_invariants(s)
@@ -204,7 +195,7 @@ def test_prefill_first_never_swaps_out_a_request_admitted_in_the_same_step() -> 
     for rid, blocks in out.swapped_out:
         computed = {"a": a, "b": b}[rid].num_computed_tokens
         assert computed > 0 and len(blocks) == s.memory.kv.num_blocks_for(computed), (rid, blocks, computed)
-    s.update(out, result(out), 2.0)
+    s.update(out, sampled(out), 2.0)
     check_invariants(s)  # today: "swapped 'b' has nothing computed"
     now = 2.0
     while s.has_unfinished():

@@ -15,23 +15,12 @@ from contbatch.core import (
     FinishReason,
     Request,
     SchedulerConfig,
-    SchedulerOutput,
-    StepResult,
     check_invariants,
 )
 from contbatch.core.config import KVConfig
 from contbatch.core.victims import choose_victim
 
-
-def result(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
-
-
-def step(s: ContinuousScheduler, now: float) -> SchedulerOutput:
-    out = s.schedule(now)
-    s.update(out, result(out), now + 1.0)
-    check_invariants(s)
-    return out
+from .drive import sampled, step
 
 
 def fake(rid: str, priority: int = 0, outputs: int = 0, preemptions: int = 0) -> Request:
@@ -113,7 +102,7 @@ def test_victim_policy_in_the_scheduler(victim: str, priorities: tuple[int, int,
     assert [c.request_id for c in out.chunks] == [r for r in "abc" if r != expected]
     assert s.memory is not None and s.memory.kv.num_held_blocks(expected) == 0
     assert reqs[expected].num_computed_tokens == 0 and reqs[expected].num_preemptions == 1
-    s.update(out, result(out), 4.0)
+    s.update(out, sampled(out), 4.0)
     check_invariants(s)
     now = 4.0
     while s.has_unfinished():

@@ -19,32 +19,17 @@ import pytest
 from contbatch.core import (
     ContinuousScheduler,
     Request,
-    SchedulerBase,
     SchedulerConfig,
     SchedulerOutput,
-    StepResult,
-    check_invariants,
 )
 from contbatch.core.config import KVConfig, TenantConfig
 from contbatch.core.queue import FairQueue, KeyedQueue, WaitingQueue, make_queue
 
+from .drive import step
+
 
 def ids(requests: object) -> list[str]:
     return [r.request_id for r in requests]  # type: ignore[attr-defined]
-
-
-def sampled(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
-
-
-def step(s: SchedulerBase, now: float, dt: float = 1.0) -> SchedulerOutput:
-    """schedule, execute (one dummy token per sampling chunk), update; invariants checked between
-    steps (with a KV pool, blocks for the step's chunks are held before the update)."""
-    check_invariants(s)
-    out = s.schedule(now)
-    s.update(out, sampled(out), now + dt)
-    check_invariants(s)
-    return out
 
 
 def admitted_ids(out: SchedulerOutput) -> list[str]:

@@ -20,23 +20,11 @@ from contbatch.core import (
     SchedulerBase,
     SchedulerConfig,
     SchedulerOutput,
-    StepResult,
     check_invariants,
 )
 from contbatch.core.config import KVConfig, TenantConfig
 
-
-def sampled(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
-
-
-def step(s: SchedulerBase, now: float, dt: float = 1.0) -> SchedulerOutput:
-    """schedule, execute, update; invariants between steps (KV blocks are held mid-step)."""
-    check_invariants(s)
-    out = s.schedule(now)
-    s.update(out, sampled(out), now + dt)
-    check_invariants(s)
-    return out
+from .drive import step
 
 
 def add(s: SchedulerBase, rid: str, now: float, prompt: int, output: int, **kw: object) -> Request:
