@@ -10,12 +10,13 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 
 from contbatch.core import SchedulerConfig
@@ -99,3 +100,24 @@ def running(*args: Any, **kwargs: Any) -> Iterator[RunningServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[..., RunningServer]]:
+    """Start servers on demand (`start_server`'s arguments); every one is stopped afterwards."""
+    started: list[RunningServer] = []
+
+    def make(*args: Any, **kwargs: Any) -> RunningServer:
+        server = start_server(*args, **kwargs)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def server(make_server: Callable[..., RunningServer]) -> RunningServer:
+    """One server with the defaults."""
+    return make_server()
