@@ -13,9 +13,9 @@ Invariant: the executor never emits more tokens for a request than its trace's o
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 
-from contbatch.core.outputs import SchedulerOutput, StepResult
+from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
 from contbatch.core.status import FinishReason
 
 DUMMY_TOKEN_ID = 0
@@ -38,21 +38,9 @@ class SimExecutor:
         return self._remaining
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        sampled: dict[str, tuple[int, ...]] = {}
-        finished: dict[str, FinishReason] = {}
-        for chunk in out.chunks:
-            if not chunk.samples:
-                continue
-            rid = chunk.request_id
-            num_tokens = 1 if chunk.is_prefill else self._accepted(chunk.num_new_tokens - 1) + 1
-            remaining = self._remaining.get(rid)
-            if remaining is not None:
-                num_tokens = min(num_tokens, remaining)
-                self._remaining[rid] = remaining - num_tokens
-                if remaining == num_tokens:
-                    finished[rid] = FinishReason.STOP
-            sampled[rid] = (DUMMY_TOKEN_ID,) * num_tokens
-        return StepResult(sampled_token_ids=sampled, finished=finished)
+        return sample_counting_down(
+            out, self._remaining, DUMMY_TOKEN_ID, lambda chunk: self._accepted(chunk.num_new_tokens - 1) + 1
+        )
 
     def _accepted(self, num_drafts: int) -> int:
         if num_drafts == 0 or self._acceptance_rate == 1.0:
@@ -62,3 +50,29 @@ class SimExecutor:
         while accepted < num_drafts and rng.random() < rate:
             accepted += 1
         return accepted
+
+
+def sample_counting_down(
+    out: SchedulerOutput,
+    countdowns: MutableMapping[str, int],
+    token_id: int,
+    decode_tokens: Callable[[ScheduledChunk], int],
+) -> StepResult:
+    """A step's result without a model: every sampling chunk yields `token_id`s, one for a
+    prefill chunk, `decode_tokens(chunk)` for a decode chunk (called in chunk order); a request
+    with a countdown gets at most what it has left, and STOP when that reaches 0."""
+    sampled: dict[str, tuple[int, ...]] = {}
+    finished: dict[str, FinishReason] = {}
+    for chunk in out.chunks:
+        if not chunk.samples:
+            continue
+        rid = chunk.request_id
+        num_tokens = 1 if chunk.is_prefill else decode_tokens(chunk)
+        remaining = countdowns.get(rid)
+        if remaining is not None:
+            num_tokens = min(num_tokens, remaining)
+            countdowns[rid] = remaining - num_tokens
+            if remaining == num_tokens:
+                finished[rid] = FinishReason.STOP
+        sampled[rid] = (token_id,) * num_tokens
+    return StepResult(sampled_token_ids=sampled, finished=finished)

@@ -36,10 +36,10 @@ from collections.abc import Callable, Sequence
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.core.outputs import SchedulerOutput, StepResult
-from contbatch.core.status import FinishReason
 from contbatch.server.backends.base import BackendError, ChatMessage
 from contbatch.server.types import Submission
 from contbatch.sim.cost import CostModel
+from contbatch.sim.executor import sample_counting_down
 
 VOCAB_SIZE = 32_000
 BYTES_PER_TOKEN = 4
@@ -110,21 +110,7 @@ class PacedSimExecutor:
         return self._sample(out)
 
     def _sample(self, out: SchedulerOutput) -> StepResult:
-        sampled: dict[str, tuple[int, ...]] = {}
-        finished: dict[str, FinishReason] = {}
-        for chunk in out.chunks:
-            if not chunk.samples:
-                continue
-            rid = chunk.request_id
-            num_tokens = 1 if chunk.is_prefill else chunk.num_new_tokens
-            left = self._eos.get(rid)
-            if left is not None:
-                num_tokens = min(num_tokens, left)
-                self._eos[rid] = left - num_tokens
-                if left == num_tokens:
-                    finished[rid] = FinishReason.STOP
-            sampled[rid] = (OUTPUT_TOKEN_ID,) * num_tokens
-        return StepResult(sampled_token_ids=sampled, finished=finished)
+        return sample_counting_down(out, self._eos, OUTPUT_TOKEN_ID, lambda chunk: chunk.num_new_tokens)
 
     def detokenize(self, request_id: str, token_ids: Sequence[int]) -> str:
         return OUTPUT_WORD * len(token_ids)
