@@ -78,8 +78,14 @@ def _plain(value: np.floating[Any]) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def latency_keys(name: str, values: Sequence[float], time_unit: str) -> dict[str, float | None]:
-    """`describe(values)` keyed as `vllm bench serve` does: ``mean_ttft_ms``, ``p99_ttft_ticks``..."""
+def latency_keys(
+    name: str, values: Sequence[float], time_unit: str, *, described: dict[int, dict[str, float | None]] | None = None
+) -> dict[str, float | None]:
+    """`describe(values)` keyed as `vllm bench serve` does: ``mean_ttft_ms``, ``p99_ttft_ticks``...
+    `described` (by `id(values)`) keeps statistics already computed, for a sample shared by names."""
     suffix = latency_suffix(time_unit)
-    stats = describe(values, latency_scale(time_unit))
+    cache = described if described is not None else {}
+    if id(values) not in cache:
+        cache[id(values)] = describe(values, latency_scale(time_unit))
+    stats = cache[id(values)]
     return {f"{prefix}_{name}_{suffix}": stats[prefix] for prefix in STAT_PREFIXES}

@@ -164,11 +164,9 @@ def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls |
         "e2el": [m.e2e for m in rows],
     }
     keys: dict[str, object] = {}
+    described: dict[int, dict[str, float | None]] = {}  # per emission and per token may be one sample
     for name in LATENCY_NAMES:
-        if name == "itl_per_token" and samples[name] is samples["itl"]:  # the same sample: the same statistics
-            keys.update({k.replace("_itl_", "_itl_per_token_"): v for k, v in keys.items() if "_itl_" in k})
-            continue
-        keys.update(latency_keys(name, samples[name], time_unit))
+        keys.update(latency_keys(name, samples[name], time_unit, described=described))
     return keys
 
 
