@@ -110,6 +110,8 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
                  "--threads", "1", "--run-requests", "8", "--quiet", *grid])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and profile.is_file() and "<- chosen" in out and "1 threads" in out
+    probe = json.loads(profile.read_text())["speed_probe"]
+    assert set(probe) == {"ms", "before", "after"} and set(probe["ms"]) == set(probe["before"]) == set(probe["after"])
     trace = tmp_path / "trace.jsonl"
     write_jsonl(workload("check", 10, 40.0, prompt_tokens=(8, 64), output_tokens=(4, 24), seed=5), trace)
     assert main(["simulate", "--trace", str(trace), "--cost", f"profile:{profile}", "--json"]) == 0
@@ -126,6 +128,15 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
     for key, row in metrics.items():
         assert row["rel_error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
         assert row["measured"] == pytest.approx((replays[0][key] + replays[1][key]) / 2)  # the median of two
+    speeds = report["machine_speed_per_replay"]  # each replay predicted at the speed its probe found
+    assert len(speeds) == 2 and all(0.2 < s < 5 for s in speeds)
     # the simulator is deterministic: validate's prediction is the plain simulation of the same trace
     assert simulated["results"]["continuous"]["total_output_tokens"] == report["predicted"]["total_output_tokens"]
     assert (tmp_path / "img" / "validation-trace.png").is_file()  # named after the trace
+    # without the probe, the prediction is the plain simulation at the profile's speed
+    code = main(["validate", "--model", str(tiny_model), "--profile", str(profile), "--trace", str(trace),
+                 "--kv-cache-memory", "8", "--no-speed-probe", "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["machine_speed_per_replay"] == []
+    plain = simulated["results"]["continuous"]
+    assert report["predicted"]["mean_e2el_ms"] == pytest.approx(plain["mean_e2el_ms"])

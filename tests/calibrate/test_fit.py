@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from contbatch.calibrate.calibration import _in_loop
 from contbatch.calibrate.fit import FitError, StepSample, error_stats, fit_affine, fit_loop, fit_scale, fit_table
 from contbatch.calibrate.grid import GridSpec, blocks_needed, decode_contexts, synthetic_step
+from contbatch.calibrate.loop import LoopStep
 from contbatch.sim.cost import AffineCost
 
 
@@ -121,3 +123,24 @@ def test_synthetic_steps_have_the_grid_coordinates() -> None:
         assert (out.num_context_tokens - p) / max(1, d) == c
         assert sum(len(s.block_table) for s in seqs.values()) == blocks_needed(point, 16)
         assert all(c.samples for c in out.chunks)
+
+
+def test_in_loop_scales_per_batch_size_bin_from_the_engine_steps() -> None:
+    """Runner time in the loop = fit x 1.0 below 8 decodes, x 1.2 for 8-15, x 1.5 for 16+ (only 5
+    steps there: too few for a bin of its own), x 0.9 with prefill tokens; loop time 0.5 ms + 0.1
+    per request. `_in_loop` recovers each scale exactly and the loop terms."""
+    fit = AffineCost(base_ms=2.0, prefill_ms=0.1, decode_ms=0.5, context_ms=0.01)
+    shapes = [(0, d) for d in range(1, 8) for _ in range(5)] + [(0, d) for d in range(8, 16) for _ in range(3)]
+    shapes += [(0, 20)] * 5 + [(64, 4)] * 6
+
+    def step(prefill: int, decodes: int) -> LoopStep:
+        out = StepSample(prefill, decodes, prefill + 50 * decodes, decodes + (prefill > 0), 0.0).to_output()
+        scale = 0.9 if prefill else 1.0 if decodes < 8 else 1.2 if decodes < 16 else 1.5
+        runner = scale * fit.step_time(out) * 1000.0
+        return LoopStep(out, runner, runner + 0.5 + 0.1 * out.num_requests)
+
+    profile = _in_loop(fit, [step(*shape) for shape in shapes], [8, 16, 32])
+    assert profile.loop_scale == pytest.approx(1.0) and profile.prefill_loop_scale == pytest.approx(0.9)
+    assert profile.decode_loop_scales == ((8, pytest.approx(1.2)),)
+    assert profile.loop_base_ms == pytest.approx(0.5) and profile.loop_request_ms == pytest.approx(0.1)
+    assert _in_loop(fit, [step(*shape) for shape in shapes], []).decode_loop_scales == ()

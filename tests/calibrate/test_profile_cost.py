@@ -85,7 +85,36 @@ def test_model_parameter_overrides_the_chosen_fit(tmp_path: Path) -> None:
     with pytest.raises(CostSpecError, match="model"):
         parse_cost(f"profile:{path},model=cubic")
     with pytest.raises(CostSpecError, match="bad parameter"):
-        parse_cost(f"profile:{path},speed=2")
+        parse_cost(f"profile:{path},scale=2")
+
+
+def test_decode_steps_take_the_scale_of_their_batch_size_bin(tmp_path: Path) -> None:
+    bins = [[8, 2.0], [16, 3.0]]
+    cost = load_profile(_write(tmp_path, _document(loop_scale=1.5, prefill_loop_scale=0.5, decode_loop_scales=bins)))
+    assert cost.decode_loop_scales == ((8, 2.0), (16, 3.0))
+    for decodes, scale in ((1, 1.5), (7, 1.5), (8, 2.0), (15, 2.0), (16, 3.0), (500, 3.0)):
+        assert cost.loop_scale_of(_out(0, decodes, 10 * decodes, decodes)) == scale
+    assert cost.loop_scale_of(_out(5, 9, 100, 10)) == 0.5  # a step with prefill tokens: the prefill scale
+    runner_ms = cost.compute_ms(_out(0, 9, 90, 9))
+    assert cost.step_time(_out(0, 9, 90, 9)) == pytest.approx((2.0 * runner_ms + 0.5 + 0.1 * 9) / 1000)
+    for bad in ([[8, 2.0], [8, 3.0]], [[0, 1.0]], [[8, 0]], [[8]], "8:2", [[8.5, 1.0]], [[True, 1.0]]):
+        with pytest.raises(CostSpecError, match="decode_loop_scales"):
+            load_profile(_write(tmp_path, _document(decode_loop_scales=bad)))
+    with pytest.raises(CostSpecError, match="decode_loop_scales"):
+        ProfileCost(AffineCost(), decode_loop_scales=((8, 1.0), (4, 1.0)))
+
+
+def test_speed_scales_the_whole_step_and_is_a_spec_parameter(tmp_path: Path) -> None:
+    path = _write(tmp_path, _document())
+    step = _out(10, 3, 40, 4)
+    base = load_profile(path).step_time(step)
+    assert load_profile(path).at_speed(1.25).step_time(step) == pytest.approx(1.25 * base)
+    assert parse_cost(f"profile:{path},speed=0.5").step_time(step) == pytest.approx(0.5 * base)
+    for bad in ("0", "-1", "fast", "inf"):
+        with pytest.raises(CostSpecError, match="speed"):
+            parse_cost(f"profile:{path},speed={bad}")
+    with pytest.raises(CostSpecError, match="speed"):
+        ProfileCost(AffineCost(), speed=0.0)
 
 
 def test_negative_loop_correction_never_makes_a_step_free(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@
   held-out error;
 - `contbatch.calibrate.profile_doc`: the profile file (`contbatch.sim.costs.profile` reads it);
 - `contbatch.calibrate.capacity`: capacity in the calibrated simulator, seeded workloads;
+- `contbatch.calibrate.probe`: the machine's speed now against its speed at calibration;
 - `contbatch.calibrate.validate`: engine against simulator on one trace, metric by metric.
 
 This package joins the two executors, so it may import both `contbatch.engine` (and torch) and

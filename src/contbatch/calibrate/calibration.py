@@ -6,10 +6,15 @@ Steps, in order:
    its largest point; then as many held-out points drawn off the grid values;
 2. the runner's time fitted by `fit_affine` and `fit_table` on the grid points only;
 3. a real engine run (the configured engine: its KV cache and scheduler) of a calibration
-   workload offered at `loop_load` of the capacity the affine fit predicts, after a warm-up run;
-   its steps' cycle times are recorded (`contbatch.calibrate.loop`);
+   workload offered at `loop_load` of the capacity the table fit predicts (the runner alone, so
+   somewhat more: near capacity, where the batches are that matter most), after a warm-up run;
+   its steps' cycle times are recorded (`contbatch.calibrate.loop`), and the speed probe
+   (`contbatch.calibrate.probe`) is timed right before and after it: the speed the profile's
+   prices hold at;
 4. for each fit, the engine loop's terms fitted on the even-numbered steps (`_in_loop`): the
-   runner's time in the loop over the fit's prediction (`fit_scale`), and the loop's own time
+   runner's time in the loop over the fit's prediction (`fit_scale`: for steps with prefill
+   tokens, for decode-only steps, and for decode-only steps per batch-size bin from
+   `min_bin_decodes` decodes up), and the loop's own time
    around the runner, cycle - measured runner time (`fit_loop`: base + per request); each fit with
    its terms is checked against the cycle times of the odd-numbered steps;
 5. the fit with the lower score wins: the mean of its mean absolute relative error on the
@@ -22,6 +27,7 @@ seed (`contbatch.calibrate.validate` refuses a trace named like one).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +46,7 @@ from contbatch.calibrate.fit import (
 )
 from contbatch.calibrate.grid import GridSpec, blocks_needed, check_fits_model, heldout_points, time_points
 from contbatch.calibrate.loop import LoopStep, StepRecorder
+from contbatch.calibrate.probe import probe_points, time_probe
 from contbatch.calibrate.profile_doc import profile_document
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.engine.replay import replay
@@ -58,11 +65,15 @@ class CalibrationConfig:
     grid: GridSpec = field(default_factory=GridSpec)
     threads: int | None = None  # torch intra-op threads; None: torch's current setting (recorded either way)
     num_heldout: int = 24  # off-grid points timed to check the fits
-    loop_requests: int = 64  # requests of the calibration engine run
-    loop_load: float = 0.9  # its offered rate, as a fraction of the predicted capacity
+    loop_requests: int = 160  # requests of the calibration engine run (enough for its batch-size bins)
+    loop_load: float = 0.85  # its offered rate, as a fraction of the capacity the grid table predicts
     prompt_tokens: tuple[int, int] = (32, 512)  # calibration workload lengths (inclusive)
     output_tokens: tuple[int, int] = (16, 192)
     seed: int = 0
+    # decode-only steps of at least this many decodes get in-loop scales per batch-size bin (the grid's
+    # decode axis); smaller batches keep the median scale: their in-loop time depends on what ran
+    # before them (idle gaps at low load), which the calibration run, near capacity, rarely has
+    min_bin_decodes: int = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,17 +111,19 @@ def calibrate(config: CalibrationConfig, progress: Progress = _no_progress) -> C
     off_grid = time_points(runner, heldout, config.grid, on_run=tick)
     del runner
     fits: dict[str, AffineCost | TableCost] = {"affine": fit_affine(grid), "table": fit_table(grid)}
-    loop_steps = [s for s in _engine_run(engine, config, ProfileCost(fits["affine"]), progress) if s.cycle_ms]
+    recorded, probes = _engine_run(engine, config, ProfileCost(fits["table"]), progress)
+    loop_steps = [s for s in recorded if s.cycle_ms]
     if len(loop_steps) < 4:
         raise ValueError(f"the calibration engine run gave {len(loop_steps)} timed steps; at least 4 are needed")
     train, heldout_steps = loop_steps[0::2], [s.sample() for s in loop_steps[1::2]]
-    candidates = {name: _candidate(_in_loop(fit, train), off_grid, heldout_steps) for name, fit in fits.items()}
+    bins = [count for count in config.grid.decode if count >= config.min_bin_decodes]
+    candidates = {name: _candidate(_in_loop(fit, train, bins), off_grid, heldout_steps) for name, fit in fits.items()}
     chosen = min(candidates, key=lambda name: candidates[name].score)
-    profile = _in_loop(fits[chosen], loop_steps)
+    profile = _in_loop(fits[chosen], loop_steps, bins)
     document = profile_document(
         config=config, engine=engine, profile=profile, fits=fits, candidates=candidates, chosen=chosen,
         samples={"grid": grid, "heldout": off_grid, "engine_steps": [s.sample() for s in loop_steps]},
-        loop_execute_ms=[s.execute_ms for s in loop_steps],
+        loop_execute_ms=[s.execute_ms for s in loop_steps], speed_probe=probes,
     )  # fmt: skip
     return Calibration(profile, document)
 
@@ -125,8 +138,11 @@ def _grid_runner(engine: LLMEngine, config: CalibrationConfig, points: list[tupl
     )
 
 
-def _engine_run(engine: LLMEngine, config: CalibrationConfig, guess: ProfileCost, progress: Progress) -> list[LoopStep]:
-    """Steps of a real run of the calibration workload at `loop_load` of the predicted capacity."""
+def _engine_run(
+    engine: LLMEngine, config: CalibrationConfig, guess: ProfileCost, progress: Progress
+) -> tuple[list[LoopStep], tuple[dict[str, float], dict[str, float]]]:
+    """Steps of a real run of the calibration workload at `loop_load` of the predicted capacity,
+    and the speed probe timed right before and after it."""
 
     lengths = fitted_lengths(config.prompt_tokens, config.output_tokens, engine.max_model_len)
     shape = workload(CALIBRATION_TRACE, config.loop_requests, 1.0, **lengths, seed=config.seed)
@@ -137,10 +153,13 @@ def _engine_run(engine: LLMEngine, config: CalibrationConfig, guess: ProfileCost
     replay(LLMEngine(config.engine, share=engine), warm)
     tick()
     measured = LLMEngine(config.engine, share=engine)
+    points = probe_points(engine.max_model_len)
+    before = time_probe(engine.runner, points)
     with StepRecorder(measured) as recorder:
         replay(measured, trace, seed=config.seed)
+    after = time_probe(engine.runner, points)
     tick()
-    return recorder.steps()
+    return recorder.steps(), (before, after)
 
 
 def fitted_lengths(
@@ -156,13 +175,15 @@ def fitted_lengths(
 
 
 MIN_SCALE_STEPS = 4  # steps of a kind needed to give it its own in-loop scale
+MIN_BIN_STEPS = 16  # decode-only steps a batch-size bin needs to get its own in-loop scale
 
 
-def _in_loop(fit: AffineCost | TableCost, steps: list[LoopStep]) -> ProfileCost:
+def _in_loop(fit: AffineCost | TableCost, steps: list[LoopStep], bins: list[int]) -> ProfileCost:
     """`fit` with the engine loop's terms, fitted on `steps`: the runner's scale (measured runner
     time over predicted) for decode-only steps and for steps with prefill tokens apart (each kind
-    needs `MIN_SCALE_STEPS`, else one scale over all), and the loop's own time around the runner
-    (cycle - measured runner time)."""
+    needs `MIN_SCALE_STEPS`, else one scale over all), the decode-only scale also per batch-size
+    bin (`bins`: the lowest decode count of each, increasing; a bin needs `MIN_BIN_STEPS`), and
+    the loop's own time around the runner (cycle - measured runner time)."""
     grid_only = ProfileCost(fit)
 
     def scale_of(kind: list[LoopStep]) -> float:
@@ -172,11 +193,15 @@ def _in_loop(fit: AffineCost | TableCost, steps: list[LoopStep]) -> ProfileCost:
     decodes = [s for s in steps if not s.out.num_prefill_tokens]
     separate = len(prefills) >= MIN_SCALE_STEPS and len(decodes) >= MIN_SCALE_STEPS
     scale = scale_of(decodes) if separate else scale_of(steps)
+    by_batch = {low: [s for s in decodes if low <= s.out.num_decode_tokens < high]
+                for low, high in zip(bins, [*bins[1:], math.inf], strict=False)}  # fmt: skip
+    decode_scales = tuple((low, scale_of(kind)) for low, kind in by_batch.items() if len(kind) >= MIN_BIN_STEPS)
     loop = fit_loop([s.out.num_requests for s in steps], [(s.cycle_ms or 0.0) - s.execute_ms for s in steps])
     return ProfileCost(
         fit,
         loop_scale=scale,
         prefill_loop_scale=scale_of(prefills) if separate else None,
+        decode_loop_scales=decode_scales,
         loop_base_ms=loop.base_ms,
         loop_request_ms=loop.request_ms,
     )

@@ -82,9 +82,14 @@ class ErrorStats:
 
 
 def error_stats(predict_ms: Callable[[StepSample], float], samples: Sequence[StepSample]) -> ErrorStats:
+    return predicted_error_stats([predict_ms(s) for s in samples], samples)
+
+
+def predicted_error_stats(predicted_ms: Sequence[float], samples: Sequence[StepSample]) -> ErrorStats:
+    """`error_stats` of predictions made elsewhere, one per sample, in order."""
     if not samples:
         raise FitError("no samples to measure an error on")
-    errors = [predict_ms(s) / s.ms - 1.0 for s in samples]
+    errors = [predicted / s.ms - 1.0 for predicted, s in zip(predicted_ms, samples, strict=True)]
     absolute = sorted(abs(e) for e in errors)
     p90 = absolute[min(len(absolute) - 1, math.ceil(0.9 * len(absolute)) - 1)]
     return ErrorStats(len(errors), statistics.fmean(absolute), p90, absolute[-1], statistics.fmean(errors))

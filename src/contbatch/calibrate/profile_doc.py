@@ -4,9 +4,13 @@ Keys besides ``format``, ``version`` and ``cost`` (`contbatch.sim.costs.profile`
 ``created`` (UTC, ISO 8601), ``machine`` (host, platform, processor, CPU count, Python),
 ``model`` (path, type, shape, parameters), ``engine`` (device, dtype, torch threads, torch
 version, block size, KV cache bytes), ``grid`` (axes, warm-up, repeats), ``fits`` (both models'
-coefficients, held-out errors and score), ``chosen``, and ``samples`` (every measured step as
-``[prefill, decode, context, requests, ms]``: the grid, the held-out points, the engine steps).
-The simulator reads only ``cost``; the rest is for reports (`contbatch validate` prints it).
+coefficients, held-out errors and score), ``chosen``, ``speed_probe`` (`contbatch.calibrate.probe`:
+the probe's times per point ``"prefill,decode,context"`` ``before`` and ``after`` the calibration
+engine run and their geometric mean ``ms``, the reference `contbatch validate` measures the
+machine's speed against),
+and ``samples`` (every measured step as ``[prefill, decode, context, requests, ms]``: the grid,
+the held-out points, the engine steps). The simulator reads only ``cost``; the rest is for
+reports and for `contbatch validate`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from contbatch.calibrate.fit import StepSample
+from contbatch.calibrate.probe import mean_probe
 from contbatch.sim.cost import AffineCost
 from contbatch.sim.costs.profile import AFFINE_FIELDS, PROFILE_FORMAT, PROFILE_VERSION, ProfileCost
 from contbatch.sim.costs.table import TableCost
@@ -101,6 +106,7 @@ def cost_object(profile: ProfileCost, fits: Mapping[str, AffineCost | TableCost]
         "model": profile.model,
         "loop_scale": profile.loop_scale,
         "prefill_loop_scale": profile.prefill_loop_scale,
+        "decode_loop_scales": [list(pair) for pair in profile.decode_loop_scales],
         "loop_base_ms": profile.loop_base_ms,
         "loop_request_ms": profile.loop_request_ms,
         "swap_ms_per_block": affine.swap_ms_per_block,
@@ -129,6 +135,7 @@ def profile_document(
     chosen: str,
     samples: Mapping[str, Sequence[StepSample]],
     loop_execute_ms: Sequence[float],
+    speed_probe: tuple[Mapping[str, float], Mapping[str, float]],
 ) -> dict[str, Any]:
     grid = config.grid
     return {
@@ -160,6 +167,11 @@ def profile_document(
                 "prefill_loop_scale": c.profile.prefill_loop_scale,
             }
             for name, c in candidates.items()
+        },
+        "speed_probe": {
+            "ms": mean_probe(*speed_probe),
+            "before": dict(speed_probe[0]),
+            "after": dict(speed_probe[1]),
         },
         "samples": {name: _rows(rows) for name, rows in samples.items()},
         "engine_steps_execute_ms": [round(v, 4) for v in loop_execute_ms],

@@ -7,7 +7,11 @@
    queueing near capacity amplifies it), and every replay's values are kept;
 2. the simulator runs the same trace with the profile's cost model and *the scheduler config the
    engine ran with* (its KV block count and block size, max_model_len, every budget), the same
-   scheduler kind;
+   scheduler kind, once per replay. Given the profile's speed probe, each replay is predicted at
+   the machine speed the probe found right around it (`contbatch.calibrate.probe`): the speed of
+   a shared machine moves by a few percent between minutes, which the profile cannot know, and
+   near capacity that alone moves TPOT by ten percent. The probe times fixed synthetic steps, so
+   it reads nothing of the trace; predicted metrics are medians over the replays' predictions;
 3. both sets of timelines are summarised by `contbatch.metrics.summarize`, and each metric of
    `METRICS` is compared: relative error = predicted / measured - 1;
 4. each engine step's cycle time (`contbatch.calibrate.loop`) is compared with the cost model's
@@ -20,18 +24,21 @@ A trace named ``calibration`` is refused: the calibration run used it, so it pro
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from contbatch.calibrate.calibration import CALIBRATION_TRACE
 from contbatch.calibrate.capacity import workload
-from contbatch.calibrate.fit import ErrorStats, StepSample, error_stats
+from contbatch.calibrate.fit import ErrorStats, StepSample, predicted_error_stats
 from contbatch.calibrate.loop import StepRecorder
+from contbatch.calibrate.probe import Point, key_point, mean_probe, speed_factor, time_probe
 from contbatch.core import SchedulerConfig, Timeline, make_scheduler
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.engine.replay import replay
 from contbatch.metrics import summarize
 from contbatch.sim.cost import CostModel
+from contbatch.sim.costs.profile import ProfileCost
 from contbatch.sim.loop import simulate
 from contbatch.traces import Trace
 
@@ -73,6 +80,8 @@ class Validation:
     step_error: ErrorStats  # the cost model's price of each engine step against its cycle time
     steps: tuple[StepSample, ...] = ()  # the engine's steps with their cycle times (not in as_dict)
     replays: tuple[dict[str, float], ...] = ()  # each replay's measured value of every `METRICS` key
+    speeds: tuple[float, ...] = ()  # each replay's machine speed against calibration (probe); () without
+    step_error_by_batch: dict[str, ErrorStats] | None = None  # `step_error` per kind of step (`batch_kind`)
 
     def row(self, key: str) -> MetricRow:
         return next(r for r in self.rows if r.key == key)
@@ -85,47 +94,73 @@ class Validation:
             "metrics": {r.key: {"label": r.label, "unit": r.unit, "predicted": r.predicted, "measured": r.measured,
                                 "rel_error": r.rel_error} for r in self.rows},
             "step_time_error": self.step_error.as_dict(),
+            "step_time_error_by_batch": {k: e.as_dict() for k, e in (self.step_error_by_batch or {}).items()},
             "measured_replays": list(self.replays),
+            "machine_speed_per_replay": list(self.speeds),
             "measured": self.measured_summary,
             "predicted": self.predicted_summary,
         }  # fmt: skip
 
 
 def validate(
-    config: EngineConfig, cost: CostModel, trace: Trace, *, engine: LLMEngine | None = None, replays: int = 1
+    config: EngineConfig,
+    cost: CostModel,
+    trace: Trace,
+    *,
+    engine: LLMEngine | None = None,
+    replays: int = 1,
+    reference_probe: Mapping[str, float] | None = None,
 ) -> Validation:
     """Run `trace` on the engine `replays` times (fresh engines sharing `engine`'s model when
-    given) and once in the simulator. Measured metrics are medians over the replays; the
-    measured timelines and summary are those of the median replay (by mean E2E)."""
+    given) and in the simulator. Measured metrics are medians over the replays; the timelines
+    and summaries shown are those of the median replay (by measured mean E2E).
+
+    With `reference_probe` (the profile's speed probe; `cost` must be a `ProfileCost`) the probe
+    is timed right before and after each replay, and that replay is predicted at the speed it
+    found (`ProfileCost.at_speed`); without, every replay is predicted at the profile's own
+    speed. Predicted metrics are medians over the replays' predictions."""
     if trace.name == CALIBRATION_TRACE:
         raise ValueError(f"trace {trace.name!r} is the calibration workload: validate on another trace")
     if cost.time_unit != "s" or trace.time_unit != "s":
         raise ValueError("validation needs a cost model and a trace in seconds")
     if replays < 1:
         raise ValueError(f"replays must be >= 1, got {replays}")
+    if reference_probe is not None and not isinstance(cost, ProfileCost):
+        raise ValueError("a speed probe re-prices a calibrated profile only: use --cost profile:PATH")
     base = engine or LLMEngine(config)
-    runs = [_replay(base, config, trace) for _ in range(replays)]
-    values = tuple({key: _number(summary, key) for key, _, _ in METRICS} for _, _, summary, _ in runs)
-    ordered = sorted(runs, key=lambda run: _number(run[2], "mean_e2el_ms"))
-    measured, scheduler_config, measured_summary, _ = ordered[(len(ordered) - 1) // 2]
-    steps = [step for *_, run_steps in runs for step in run_steps]
-    step_error = error_stats(lambda step: cost.step_time(step.to_output()) * 1000.0, steps)
-    result = simulate(trace, make_scheduler(config.scheduler_kind, scheduler_config), cost)
-    predicted_summary = result.summary()
+    points = [key_point(key) for key in reference_probe] if reference_probe is not None else None
+    runs = [_replay(base, config, trace, points) for _ in range(replays)]
+    speeds = tuple(speed_factor(run.probe, reference_probe) for run in runs if run.probe and reference_probe)
+    costs = [cost.at_speed(speed) for speed in speeds] if isinstance(cost, ProfileCost) and speeds else [cost] * replays
+    scheduler = runs[0].scheduler_config
+    results = [simulate(trace, make_scheduler(config.scheduler_kind, scheduler), c) for c in costs]
+    measured_values = tuple(_values(run.summary) for run in runs)
+    predicted_values = tuple(_values(result.summary()) for result in results)
+    middle = sorted(range(replays), key=lambda i: measured_values[i]["mean_e2el_ms"])[(replays - 1) // 2]
+    steps = [step for run in runs for step in run.steps]
+    prices = [1000.0 * c.step_time(step.to_output()) for run, c in zip(runs, costs, strict=True) for step in run.steps]
     rows = tuple(
-        MetricRow(key, label, unit, _number(predicted_summary, key), statistics.median(v[key] for v in values))
+        MetricRow(key, label, unit, _median(predicted_values, key), _median(measured_values, key))
         for key, label, unit in METRICS
     )
+    shown = results[middle]
     return Validation(
-        trace, rows, measured, result.timelines, measured_summary, predicted_summary, step_error, tuple(steps), values
-    )
+        trace, rows, runs[middle].timelines, shown.timelines, runs[middle].summary, shown.summary(),
+        predicted_error_stats(prices, steps), tuple(steps), measured_values, speeds, _by_batch(prices, steps),
+    )  # fmt: skip
 
 
-def _replay(
-    base: LLMEngine, config: EngineConfig, trace: Trace
-) -> tuple[tuple[Timeline, ...], SchedulerConfig, dict[str, object], list[StepSample]]:
-    """One warmed-up real-time replay on a fresh engine: timelines, the scheduler config it ran
-    with, their summary, its steps with their cycle times."""
+@dataclass(frozen=True, slots=True)
+class _Replay:
+    timelines: tuple[Timeline, ...]
+    scheduler_config: SchedulerConfig  # the config the engine ran with
+    summary: dict[str, object]
+    steps: list[StepSample]  # with their cycle times
+    probe: dict[str, float] | None  # the speed probe around the replay (geometric mean of before and after)
+
+
+def _replay(base: LLMEngine, config: EngineConfig, trace: Trace, points: list[Point] | None) -> _Replay:
+    """One warmed-up real-time replay on a fresh engine, with the speed probe of `points` around it."""
 
     head = trace.requests[:4]
     warm = workload(
@@ -133,10 +168,38 @@ def _replay(
     )
     replay(LLMEngine(config, share=base), warm)
     engine = LLMEngine(config, share=base)
+    before = time_probe(base.runner, points) if points else None
     with StepRecorder(engine) as recorder:
         measured = replay(engine, trace)
+    around = mean_probe(before, time_probe(base.runner, points)) if before and points else None
     steps = [step.sample() for step in recorder.steps() if step.cycle_ms is not None]
-    return tuple(measured), engine.scheduler.config, summarize(measured, time_unit="s"), steps
+    return _Replay(tuple(measured), engine.scheduler.config, summarize(measured, time_unit="s"), steps, around)
+
+
+def batch_kind(step: StepSample) -> tuple[int, str]:
+    """(order, label) of a step's kind: its decode count's power-of-two bin (``1 decode``, ``2-3
+    decodes``, ...) in order, then ``with prefill``."""
+    if step.num_prefill_tokens:
+        return 1 << 30, "with prefill"
+    low = 1 << (step.num_decode_tokens.bit_length() - 1)
+    return low, "1 decode" if low == 1 else f"{low}-{2 * low - 1} decodes"
+
+
+def _by_batch(prices: list[float], steps: list[StepSample]) -> dict[str, ErrorStats]:
+    kinds: dict[tuple[int, str], tuple[list[float], list[StepSample]]] = {}
+    for price, step in zip(prices, steps, strict=True):
+        found = kinds.setdefault(batch_kind(step), ([], []))
+        found[0].append(price)
+        found[1].append(step)
+    return {label: predicted_error_stats(*kinds[(order, label)]) for order, label in sorted(kinds)}
+
+
+def _values(summary: dict[str, object]) -> dict[str, float]:
+    return {key: _number(summary, key) for key, _, _ in METRICS}
+
+
+def _median(values: tuple[dict[str, float], ...], key: str) -> float:
+    return statistics.median(v[key] for v in values)
 
 
 def _span(requests: tuple[Any, ...], what: str) -> tuple[int, int]:
@@ -147,6 +210,11 @@ def _span(requests: tuple[Any, ...], what: str) -> tuple[int, int]:
 def _number(summary: dict[str, object], key: str) -> float:
     value = summary.get(key)
     return float(value) if isinstance(value, int | float) else float("nan")
+
+
+def format_by_batch(by_batch: dict[str, ErrorStats]) -> str:
+    """``1 decode +5.0% (120 steps), ...``: the mean relative error of each kind of step."""
+    return ", ".join(f"{kind} {100 * e.bias:+.1f}% ({e.num_samples})" for kind, e in by_batch.items())
 
 
 def format_validation(validation: Validation) -> str:
@@ -179,4 +247,11 @@ def format_validation(validation: Validation) -> str:
         f"\nmeasured: {measured}. step times ({e.num_samples} engine steps, predicted / measured - 1): "
         f"mean {100 * e.bias:+.1f}%, mean |error| {100 * e.mean_abs:.1f}%, p90 |error| {100 * e.p90_abs:.1f}%"
     )
+    if validation.step_error_by_batch:
+        text.append("mean step error by kind: " + format_by_batch(validation.step_error_by_batch))
+    if validation.speeds:
+        found = ", ".join(f"x{speed:.3f}" for speed in validation.speeds)
+        text.append(f"machine speed probe (step times against calibration), per replay: {found}")
+    else:
+        text.append("no speed probe: predicted at the speed of the calibration run")
     return "\n".join(text)

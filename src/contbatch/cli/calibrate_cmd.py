@@ -7,7 +7,9 @@ engine, and the simulator's prediction error against the engine on a trace.
   simulator steps with it.
 - `validate --model DIR|demo --profile profile.json --trace T`: runs T on the engine in real
   time, then in the simulator with the profile and the engine's scheduler config, and prints
-  predicted against measured per metric with the relative error (`--json`, `--plot DIR`).
+  predicted against measured per metric with the relative error (`--json`, `--plot DIR`). Each
+  replay is predicted at the machine speed the profile's probe finds around it
+  (`contbatch.calibrate.probe`; `--no-speed-probe`: at the calibration run's speed).
 
 Torch threads: `calibrate --threads N` (default: torch's current setting) is recorded in the
 profile; `validate` uses the profile's unless told otherwise. Bad input (flags, profile file,
@@ -63,7 +65,7 @@ def add_calibrate_parsers(commands: Any) -> None:
     calibrate.add_argument("--context", help="grid context per decode, e.g. 32,128,384,768")
     calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per grid point (default 5)")
     calibrate.add_argument("--warmup", type=int, default=1, help="untimed runs per grid point (default 1)")
-    calibrate.add_argument("--run-requests", type=int, default=64, help="requests of the calibration engine run")
+    calibrate.add_argument("--run-requests", type=int, default=160, help="requests of the calibration engine run")
     calibrate.add_argument("--seed", type=int, default=0)
     calibrate.add_argument("--quiet", action="store_true", help="no progress bar")
     _shared_flags(calibrate)
@@ -79,6 +81,9 @@ def add_calibrate_parsers(commands: Any) -> None:
     validate.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
     validate.add_argument("--replays", type=int, default=1,
                           help="engine replays of the trace; measured = their medians (default 1)")  # fmt: skip
+    validate.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
+                          help="predict at the calibration run's speed instead of the speed the profile's "
+                          "probe finds around each replay")  # fmt: skip
     validate.add_argument("--json", action="store_true", help="print the comparison as JSON")
     validate.add_argument("--plot", type=Path, metavar="DIR", help="write the measured and predicted CDFs here")
     _shared_flags(validate)
@@ -217,11 +222,13 @@ def run_validate_command(args: argparse.Namespace) -> int:
     import torch
 
     from contbatch.calibrate import format_validation, validate
+    from contbatch.calibrate.probe import reference_probe
 
     if document["threads_used"] is not None:
         torch.set_num_threads(document["threads_used"])
     try:
-        result = validate(config, cost, trace, replays=args.replays)
+        probe = reference_probe(document) if args.speed_probe else None
+        result = validate(config, cost, trace, replays=args.replays, reference_probe=probe)
     except _bad_input(ValueError) as exc:
         print(f"contbatch validate: error: {exc}", file=sys.stderr)
         return 2

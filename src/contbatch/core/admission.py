@@ -201,4 +201,3 @@ class _TenantQuota:
         self.running[request.tenant] += 1
         if self.memory is not None:
             self.blocks[request.tenant] += self.memory.kv.num_held_blocks(request.request_id)
-

@@ -19,7 +19,7 @@ a real executor receives), so cost models are pure, frozen and deterministic.
   `contbatch.sim.costs.roofline` states the model, `contbatch.sim.costs.presets` the figures.
 - `TableCost` (`table:PATH[,k=v...]`, seconds): interpolated from a CSV grid of step times;
   `contbatch.sim.costs.table` states the format and the interpolation.
-- `ProfileCost` (`profile:PATH[,model=affine|table]`, seconds): fitted to the real engine's own
+- `ProfileCost` (`profile:PATH[,model=affine|table][,speed=F]`, seconds): fitted to the real engine's own
   step times by `contbatch calibrate`; `contbatch.sim.costs.profile` states the model and format.
 
 `parse_cost` builds any of them from a spec string; an unknown name or parameter is a
@@ -128,7 +128,7 @@ def parse_cost(spec: str) -> CostModel:
     raise CostSpecError(
         f"unknown cost model {name!r}; known: unit[:C], affine[:k=v,...], "
         f"roofline:MODEL@DEVICE[xN][,k=v,...] (models: {', '.join(MODELS)}; devices: {', '.join(DEVICES)}), "
-        "table:PATH.csv, profile:PATH.json[,model=affine|table] (from contbatch calibrate)"
+        "table:PATH.csv, profile:PATH.json[,model=affine|table][,speed=F] (from contbatch calibrate)"
     )
 
 

@@ -2,8 +2,10 @@
 
 A profile (JSON, written by `contbatch.calibrate`) prices one step as::
 
-    ms = scale * compute(out) + loop_base_ms + loop_request_ms * num_requests
-    scale = prefill_loop_scale if the step has prefill tokens (and the profile has one) else loop_scale
+    ms = speed * (scale * compute(out) + loop_base_ms + loop_request_ms * num_requests)
+    scale = prefill_loop_scale if the step has prefill tokens (and the profile has one),
+            else the decode_loop_scales bin of its decode count (if the profile has them),
+            else loop_scale
 
 - ``compute``: the runner's forward and sampling time, fitted on a grid of synthetic steps, either
   an `AffineCost` (base + per prefill, decode and context token) or a `TableCost` grid over
@@ -15,14 +17,22 @@ A profile (JSON, written by `contbatch.calibrate`) prices one step as::
 - ``loop_scale``: the runner's time inside a real engine run over the time the fit predicts for
   the same step shape (a real batch's block tables are scattered, its contexts varied, its caches
   disturbed by the loop between steps), the median ratio over the steps of a real engine run;
+  ``prefill_loop_scale`` the same over its steps with prefill tokens, and ``decode_loop_scales``
+  over its decode-only steps per batch-size bin, ``[[lowest decode count, scale], ...]`` (the
+  ratio moves with the batch: a grid step's decodes are spread wider than a real batch's);
+  a decode count takes the bin at or below it (``loop_scale`` below every bin);
 - ``loop_base_ms`` and ``loop_request_ms``: what the engine loop adds around the runner
   (schedule, update, detokenisation, taking in arrivals, Python), fitted on the same steps. They
-  may be negative (a fit); a step never costs less than `MIN_STEP_MS`.
+  may be negative (a fit); a step never costs less than `MIN_STEP_MS`;
+- ``speed``: how much slower the machine runs than during calibration (1.0 in the file; 1.03: 3 %
+  slower, 0.5: twice as fast). `contbatch validate` sets it from the profile's speed probe timed
+  around each replay (`contbatch.calibrate.probe`); the spec parameter ``speed=`` sets it by hand.
 
 File format (only the ``cost`` object is read here; the rest is provenance for reports)::
 
     {"format": "contbatch-profile", "version": 1,
      "cost": {"model": "affine" | "table", "loop_scale": 1.05, "prefill_loop_scale": 0.98,
+              "decode_loop_scales": [[1, 0.95], [4, 1.0], [8, 1.06]],
               "loop_base_ms": 0.2, "loop_request_ms": 0.01,
               "swap_ms_per_block": 0.32,
               "affine": {"base_ms": 5.0, "prefill_ms": 0.25, "decode_ms": 0.6, "context_ms": 0.004},
@@ -32,12 +42,14 @@ File format (only the ``cost`` object is read here; the rest is provenance for r
 
 Both fits are stored; ``model`` names the one calibration chose (``profile:PATH,model=table``
 overrides it). Errors are `CostSpecError` naming the file and the field. Spec:
-``profile:PATH[,model=affine|table]``.
+``profile:PATH[,model=affine|table][,speed=F]``.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import itertools
 import json
 import math
 import os
@@ -46,13 +58,13 @@ from dataclasses import dataclass
 
 from contbatch.core.outputs import SchedulerOutput
 from contbatch.sim.cost import AffineCost
-from contbatch.sim.costs.errors import CostSpecError, split_params, split_path
+from contbatch.sim.costs.errors import CostSpecError, float_param, split_params, split_path
 from contbatch.sim.costs.table import TableCost
 
 PROFILE_FORMAT = "contbatch-profile"
 PROFILE_VERSION = 1
 PROFILE_MODELS = ("affine", "table")
-PROFILE_PARAMS = ("model",)
+PROFILE_PARAMS = ("model", "speed")
 AFFINE_FIELDS = ("base_ms", "prefill_ms", "decode_ms", "context_ms")
 TABLE_AXES = ("prefill_axis", "decode_axis", "context_axis")
 MIN_STEP_MS = 0.001  # the floor of a step's price: a step always moves the clock forward
@@ -63,20 +75,29 @@ class ProfileCost:
     compute: AffineCost | TableCost  # the runner's time per step (forward + sampling), seconds
     loop_scale: float = 1.0  # the runner's time in a real engine run over `compute`'s; finite, > 0
     prefill_loop_scale: float | None = None  # the same for steps with prefill tokens; None: loop_scale
+    # decode-only steps by decode count: (lowest count of the bin, scale), counts increasing; (): loop_scale
+    decode_loop_scales: tuple[tuple[int, float], ...] = ()
     loop_base_ms: float = 0.0  # per step, added by the engine loop around the runner; finite, may be < 0
     loop_request_ms: float = 0.0  # per scheduled request; finite, may be < 0
     source: str = "<profile>"  # the file it came from, for reports
+    speed: float = 1.0  # step times now over step times at calibration; finite, > 0
 
     def __post_init__(self) -> None:
-        for name in ("loop_scale", "loop_base_ms", "loop_request_ms"):
+        for name in ("loop_scale", "loop_base_ms", "loop_request_ms", "speed"):
             value = getattr(self, name)
             if not _is_number(value):
                 raise CostSpecError(f"profile cost: {name} must be a finite number, got {value!r}")
-        if self.loop_scale <= 0:
-            raise CostSpecError(f"profile cost: loop_scale must be > 0, got {self.loop_scale!r}")
+        for name in ("loop_scale", "speed"):
+            if getattr(self, name) <= 0:
+                raise CostSpecError(f"profile cost: {name} must be > 0, got {getattr(self, name)!r}")
         prefill_scale = self.prefill_loop_scale
         if prefill_scale is not None and not (_is_number(prefill_scale) and prefill_scale > 0):
             raise CostSpecError(f"profile cost: prefill_loop_scale must be a finite number > 0, got {prefill_scale!r}")
+        bins = self.decode_loop_scales
+        if any(high <= low for (low, _), (high, _) in itertools.pairwise(bins)) or any(
+            not (_is_number(scale) and scale > 0) for _, scale in bins
+        ):
+            raise CostSpecError(f"profile cost: decode_loop_scales need increasing counts and scales > 0, got {bins!r}")
 
     @property
     def time_unit(self) -> str:
@@ -88,11 +109,24 @@ class ProfileCost:
         return "table" if isinstance(self.compute, TableCost) else "affine"
 
     def step_time(self, out: SchedulerOutput) -> float:
-        scale = self.loop_scale
-        if out.num_prefill_tokens and self.prefill_loop_scale is not None:
-            scale = self.prefill_loop_scale
-        ms = scale * self.compute_ms(out) + self.loop_base_ms + self.loop_request_ms * out.num_requests
-        return max(ms, MIN_STEP_MS) / 1000.0
+        ms = (
+            self.loop_scale_of(out) * self.compute_ms(out) + self.loop_base_ms + self.loop_request_ms * out.num_requests
+        )
+        return max(self.speed * ms, MIN_STEP_MS) / 1000.0
+
+    def loop_scale_of(self, out: SchedulerOutput) -> float:
+        """The in-loop scale of the runner's time for this step (module docstring)."""
+        if out.num_prefill_tokens:
+            return self.loop_scale if self.prefill_loop_scale is None else self.prefill_loop_scale
+        bins = self.decode_loop_scales
+        if not bins:
+            return self.loop_scale
+        index = bisect.bisect_right(bins, out.num_decode_tokens, key=lambda b: b[0]) - 1
+        return self.loop_scale if index < 0 else bins[index][1]
+
+    def at_speed(self, speed: float) -> ProfileCost:
+        """This profile on a machine whose steps take `speed` times as long as at calibration."""
+        return dataclasses.replace(self, speed=speed)
 
     def compute_ms(self, out: SchedulerOutput) -> float:
         """The runner's part of a step, in ms (swaps included)."""
@@ -167,6 +201,7 @@ def profile_from_document(document: object, label: str = "<profile>", *, model: 
         compute,
         loop_scale=scale,
         prefill_loop_scale=prefill_scale,
+        decode_loop_scales=_bins(cost.get("decode_loop_scales"), label),
         loop_base_ms=_number(cost, "loop_base_ms", label, "cost"),
         loop_request_ms=_number(cost, "loop_request_ms", label, "cost"),
         source=label,
@@ -189,6 +224,27 @@ def _table(cost: Mapping[str, object], label: str, swap: float) -> TableCost:
         return TableCost(axes[0], axes[1], axes[2], tuple(float(v) for v in step_ms), label, swap)
     except CostSpecError as exc:
         raise CostSpecError(f"{label}: field 'cost.table': {exc}") from None
+
+
+def _bins(value: object, label: str) -> tuple[tuple[int, float], ...]:
+    """``decode_loop_scales``: absent, or [[count >= 1, scale > 0], ...] with increasing counts."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(_is_bin(pair) for pair in value):
+        raise _error(
+            label, "cost.decode_loop_scales", f"must be a list of [decode count >= 1, scale > 0], got {value!r}"
+        )
+    bins = tuple((int(pair[0]), float(pair[1])) for pair in value)
+    if any(high <= low for (low, _), (high, _) in itertools.pairwise(bins)):
+        raise _error(label, "cost.decode_loop_scales", f"decode counts must increase, got {value!r}")
+    return bins
+
+
+def _is_bin(pair: object) -> bool:
+    if not isinstance(pair, list) or len(pair) != 2:
+        return False
+    count, scale = pair
+    return isinstance(count, int) and not isinstance(count, bool) and count >= 1 and _is_number(scale) and scale > 0
 
 
 def _mapping(value: object, label: str, field: str) -> Mapping[str, object]:
@@ -226,9 +282,12 @@ def _one_line(exc: Exception) -> str:
 
 
 def parse_profile(args: str) -> ProfileCost:
-    """The `ProfileCost` of ``PATH[,model=affine|table]`` (the text after ``profile:``)."""
+    """The `ProfileCost` of ``PATH[,model=affine|table][,speed=F]`` (the text after ``profile:``)."""
     path, params = split_path(args)
     if not path:
-        raise CostSpecError("profile cost: expected profile:PATH.json[,model=affine|table]")
+        raise CostSpecError("profile cost: expected profile:PATH.json[,model=affine|table][,speed=F]")
     values = split_params(params, known=PROFILE_PARAMS, what="profile cost")
-    return load_profile(path, model=values.get("model"))
+    profile = load_profile(path, model=values.get("model"))
+    if "speed" not in values:
+        return profile
+    return profile.at_speed(float_param(values["speed"], "speed", "profile cost", exclusive=True))
