@@ -43,7 +43,7 @@ import torch
 
 from contbatch.calibrate import CalibrationConfig, Validation, calibrate, validate
 from contbatch.calibrate.capacity import saturation_rate, workload
-from contbatch.calibrate.probe import key_point, reference_probe, speed_factor, time_probe
+from contbatch.calibrate.probe import points_of, reference_probe, speed_factor, time_probe
 from contbatch.calibrate.profile_doc import write_profile
 from contbatch.calibrate.validate import format_by_batch
 from contbatch.core import make_scheduler
@@ -178,7 +178,7 @@ def _capacity_now(engine: LLMEngine, cost: Any, probe: dict[str, float] | None, 
     fraction of what the engine can do during its phase, not during calibration."""
     speed = 1.0
     if probe is not None:
-        speed = speed_factor(time_probe(engine.runner, [key_point(key) for key in probe]), probe)
+        speed = speed_factor(time_probe(engine.runner, points_of(probe)), probe)
     capacity = saturation_rate(shape, engine.scheduler.config, cost.at_speed(speed))
     print(f"  machine speed x{speed:.3f}: capacity {capacity:.3f} req/s", file=sys.stderr, flush=True)
     return {"machine_speed": speed, "capacity_req_per_s": capacity}

@@ -50,6 +50,11 @@ def key_point(key: str) -> Point:
     return prefill, decode, context
 
 
+def points_of(probe: Mapping[str, float]) -> list[Point]:
+    """The points a probe timed (its keys), to time them again."""
+    return [key_point(key) for key in probe]
+
+
 def time_probe(runner: ModelRunner, points: Sequence[Point], spec: GridSpec = PROBE_SPEC) -> dict[str, float]:
     """Median milliseconds of each point on `runner` (its KV cache is used as scratch): a
     `CalibrationError` when a point does not fit the runner's model or cache."""

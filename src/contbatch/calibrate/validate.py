@@ -32,7 +32,7 @@ from contbatch.calibrate.calibration import CALIBRATION_TRACE
 from contbatch.calibrate.capacity import workload
 from contbatch.calibrate.fit import ErrorStats, StepSample, predicted_error_stats
 from contbatch.calibrate.loop import StepRecorder
-from contbatch.calibrate.probe import Point, key_point, mean_probe, speed_factor, time_probe
+from contbatch.calibrate.probe import Point, mean_probe, points_of, speed_factor, time_probe
 from contbatch.core import SchedulerConfig, Timeline, make_scheduler
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.engine.replay import replay
@@ -128,7 +128,7 @@ def validate(
     if reference_probe is not None and not isinstance(cost, ProfileCost):
         raise ValueError("a speed probe re-prices a calibrated profile only: use --cost profile:PATH")
     base = engine or LLMEngine(config)
-    points = [key_point(key) for key in reference_probe] if reference_probe is not None else None
+    points = points_of(reference_probe) if reference_probe is not None else None
     runs = [_replay(base, config, trace, points) for _ in range(replays)]
     speeds = tuple(speed_factor(run.probe, reference_probe) for run in runs if run.probe and reference_probe)
     costs = [cost.at_speed(speed) for speed in speeds] if isinstance(cost, ProfileCost) and speeds else [cost] * replays
