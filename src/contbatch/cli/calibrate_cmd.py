@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from contbatch.cli.engine_cmd import MIB
-from contbatch.cli.options import UsageError, scheduler_config
-from contbatch.sim.cost import AffineCost, CostSpecError
+from contbatch.cli.engine_cmd import add_engine_flags, engine_config
+from contbatch.cli.options import UsageError
+from contbatch.sim.cost import CostSpecError
 from contbatch.traces import TraceError, load_trace
 
 DEMO = "demo"
@@ -43,12 +43,8 @@ def _bad_input(*more: type[Exception]) -> tuple[type[Exception], ...]:
 
 
 def _shared_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEMO, help="a local Hugging Face checkpoint directory, or demo (default)")
-    parser.add_argument("--kv-cache-memory", type=float, default=256, metavar="MIB", help="KV cache size in MiB")
-    parser.add_argument("--dtype", help="float32 (CPU default), float16 or bfloat16")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="scheduler config field, as for simulate")  # fmt: skip
+    help_text = "a local Hugging Face checkpoint directory, or demo (default)"
+    add_engine_flags(parser, model_default=DEMO, model_help=help_text)
 
 
 def add_calibrate_parsers(commands: Any) -> None:
@@ -90,16 +86,9 @@ def add_calibrate_parsers(commands: Any) -> None:
 
 
 def _engine_config(args: argparse.Namespace, kind: str = "continuous") -> Any:
-    from contbatch.engine.llm_engine import EngineConfig
-
-    if args.kv_cache_memory <= 0:
-        raise UsageError(f"--kv-cache-memory must be > 0 MiB, got {args.kv_cache_memory}")
     if args.model != DEMO and not Path(args.model).is_dir():
         raise UsageError(f"--model {args.model}: not a directory (give a checkpoint directory or demo)")
-    model = None if args.model == DEMO else args.model
-    config = scheduler_config("engine", AffineCost(), args.overrides)
-    return EngineConfig(model=model, kv_cache_memory=int(args.kv_cache_memory * MIB), dtype=args.dtype,
-                        device=args.device, scheduler=config, scheduler_kind=kind)  # fmt: skip
+    return engine_config(args, kind, model=None if args.model == DEMO else args.model)
 
 
 def _axis(text: str | None, flag: str) -> tuple[int, ...] | None:

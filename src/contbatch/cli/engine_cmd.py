@@ -26,8 +26,14 @@ from contbatch.traces import TraceError, load_trace
 MIB = 1024**2
 
 
-def _engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="a local Hugging Face checkpoint directory (default: the demo model)")
+def add_engine_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    model_default: str | None = None,
+    model_help: str = "a local Hugging Face checkpoint directory (default: the demo model)",
+) -> None:
+    """The flags that configure an engine: --model, --kv-cache-memory, --dtype, --device, --set."""
+    parser.add_argument("--model", default=model_default, help=model_help)
     parser.add_argument("--kv-cache-memory", type=float, default=256, metavar="MIB", help="KV cache size in MiB")
     parser.add_argument("--dtype", help="float32 (CPU default), float16 or bfloat16")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
@@ -45,7 +51,7 @@ def add_engine_parsers(commands: Any) -> None:
     generate.add_argument("--top-k", type=int, default=-1)
     generate.add_argument("--seed", type=int)
     generate.add_argument("--chat", action="store_true", help="apply the model's chat template (user turns)")
-    _engine_flags(generate)
+    add_engine_flags(generate)
     run = commands.add_parser(
         "run",
         help="replay a trace through the real engine",
@@ -54,16 +60,17 @@ def add_engine_parsers(commands: Any) -> None:
     run.add_argument("--trace", default="seed-scaled", help="a built-in trace or a file (times in seconds)")
     run.add_argument("--schedulers", default="static,continuous", help="comma-separated (default: static,continuous)")
     run.add_argument("--json", action="store_true", help="print the summaries as JSON")
-    _engine_flags(run)
+    add_engine_flags(run)
 
 
-def _engine_config(args: argparse.Namespace, kind: str = "continuous") -> Any:
+def engine_config(args: argparse.Namespace, kind: str = "continuous", *, model: str | None = None) -> Any:
+    """The `EngineConfig` of `add_engine_flags`' flags; `model`: the checkpoint (None: the demo model)."""
     from contbatch.engine.llm_engine import EngineConfig
 
     if args.kv_cache_memory <= 0:
         raise UsageError(f"--kv-cache-memory must be > 0 MiB, got {args.kv_cache_memory}")
     config = scheduler_config("engine", AffineCost(), args.overrides)
-    return EngineConfig(model=args.model, kv_cache_memory=int(args.kv_cache_memory * MIB), dtype=args.dtype,
+    return EngineConfig(model=model, kv_cache_memory=int(args.kv_cache_memory * MIB), dtype=args.dtype,
                         device=args.device, scheduler=config, scheduler_kind=kind)  # fmt: skip
 
 
@@ -74,7 +81,7 @@ def run_generate_command(args: argparse.Namespace) -> int:
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                                 max_tokens=args.max_tokens)  # fmt: skip
-        config = _engine_config(args)
+        config = engine_config(args, model=args.model)
     except (UsageError, ValueError) as exc:
         print(f"contbatch generate: error: {exc}", file=sys.stderr)
         return 2
@@ -114,7 +121,7 @@ def run_run_command(args: argparse.Namespace) -> int:
         if unknown or not kinds:
             raise UsageError(f"--schedulers: unknown {', '.join(unknown) or '(none)'}; known: {', '.join(SCHEDULERS)}")
         trace = load_trace(args.trace, time_unit="s")
-        configs = {kind: _engine_config(args, kind) for kind in kinds}
+        configs = {kind: engine_config(args, kind, model=args.model) for kind in kinds}
     except (UsageError, TraceError) as exc:
         print(f"contbatch run: error: {exc}", file=sys.stderr)
         return 2
