@@ -75,6 +75,8 @@ def test_a_bad_profile_prints_no_traceback(bad_profiles: dict[str, Path]) -> Non
         (["calibrate", "--out", "p.json", "--decodes", "0,one"], "comma-separated integers"),
         (["calibrate", "--out", "p.json", "--repeats", "1"], "repeats >= 3"),
         (["calibrate", "--out", "p.json", "--threads", "0"], "--threads must be >= 1"),
+        (["calibrate", "--out", "p.json", "--runs", "0"], "--runs >= 1"),
+        (["calibrate", "--out", "p.json", "--run-requests", "3"], "--run-requests must be >= 4"),
         (["calibrate", "--out", "p.json", "--model", "/nonexistent/model"], "not a directory"),
         (["calibrate", "--out", "p.json", "--kv-cache-memory", "0"], "--kv-cache-memory"),
     ],
@@ -107,11 +109,12 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
     profile = tmp_path / "profile.json"
     grid = ["--prefill", "0,32,96", "--decodes", "0,1,4,16", "--context", "8,48", "--repeats", "3"]
     code = main(["calibrate", "--model", str(tiny_model), "--out", str(profile), "--kv-cache-memory", "8",
-                 "--threads", "1", "--run-requests", "8", "--quiet", *grid])  # fmt: skip
+                 "--threads", "1", "--run-requests", "8", "--runs", "2", "--quiet", *grid])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and profile.is_file() and "<- chosen" in out and "1 threads" in out
     probe = json.loads(profile.read_text())["speed_probe"]
-    assert set(probe) == {"ms", "before", "after"} and set(probe["ms"]) == set(probe["before"]) == set(probe["after"])
+    assert set(probe) == {"ms", "timed", "run_speeds"} and len(probe["timed"]) == 3 and len(probe["run_speeds"]) == 2
+    assert all(set(timed) == set(probe["ms"]) for timed in probe["timed"])  # before, between and after the 2 runs
     trace = tmp_path / "trace.jsonl"
     write_jsonl(workload("check", 10, 40.0, prompt_tokens=(8, 64), output_tokens=(4, 24), seed=5), trace)
     assert main(["simulate", "--trace", str(trace), "--cost", f"profile:{profile}", "--json"]) == 0

@@ -28,7 +28,7 @@ GRID = GridSpec(prefill=(0, 32, 96, 160), decode=(0, 1, 4, 16, 48), context=(8, 
 
 def _config(model: Path, grid: GridSpec = GRID) -> CalibrationConfig:
     engine = EngineConfig(model=str(model), kv_cache_memory=8 * 1024**2)
-    return CalibrationConfig(engine=engine, grid=grid, threads=1, num_heldout=16, loop_requests=16,
+    return CalibrationConfig(engine=engine, grid=grid, threads=1, num_heldout=16, loop_requests=16, loop_runs=2,
                              prompt_tokens=(8, 96), output_tokens=(4, 48))  # fmt: skip
 
 
@@ -69,6 +69,13 @@ def test_the_profile_records_where_it_was_measured(tiny_model: Path) -> None:
     assert document["model"]["path"] == str(tiny_model) and document["model"]["num_layers"] == 2
     assert document["model"]["num_parameters"] > 0
     assert document["grid"]["prefill"] == [0, 32, 64] and document["chosen"] in ("affine", "table")
+    assert document["grid"]["engine_runs"] == 2 and len(document["speed_probe"]["run_speeds"]) == 2
+
+
+@pytest.mark.parametrize(("runs", "requests"), [(0, 16), (2, 3)])
+def test_a_calibration_without_engine_runs_is_refused(runs: int, requests: int) -> None:
+    with pytest.raises(CalibrationError, match="1\\+ engine runs of 4\\+ requests"):
+        CalibrationConfig(loop_runs=runs, loop_requests=requests)
 
 
 def test_a_grid_beyond_the_model_is_refused(tiny_model: Path) -> None:

@@ -92,8 +92,9 @@ def test_loop_fit_needs_matching_samples() -> None:
         fit_loop([1, 2], [1.0])
 
 
-def test_scale_is_the_median_ratio() -> None:
-    assert fit_scale([10.0, 10.0, 20.0, 4.0], [11.0, 30.0, 22.0, 4.0]) == pytest.approx(1.1)
+def test_scale_is_the_ratio_of_total_times() -> None:
+    # the slow step (30 ms for 10 predicted) counts with its time: a median ratio would say 1.1
+    assert fit_scale([10.0, 10.0, 20.0, 4.0], [11.0, 30.0, 22.0, 4.0]) == pytest.approx(67.0 / 44.0)
     with pytest.raises(FitError):
         fit_scale([0.0], [1.0])
 
@@ -104,6 +105,7 @@ def test_error_stats_are_exact() -> None:
     assert stats.num_samples == 3
     assert stats.mean_abs == pytest.approx((0.1 + 0.1 + 0.0) / 3)
     assert stats.bias == pytest.approx(0.0)
+    assert stats.total == pytest.approx(69.0 / 70.0 - 1)  # time-weighted: the 20 ms step's -10 % weighs double
     assert stats.max_abs == pytest.approx(0.1) and stats.p90_abs == pytest.approx(0.1)
 
 
@@ -128,7 +130,8 @@ def test_synthetic_steps_have_the_grid_coordinates() -> None:
 def test_in_loop_scales_per_batch_size_bin_from_the_engine_steps() -> None:
     """Runner time in the loop = fit x 1.0 below 8 decodes, x 1.2 for 8-15, x 1.5 for 16+ (only 5
     steps there: too few for a bin of its own), x 0.9 with prefill tokens; loop time 0.5 ms + 0.1
-    per request. `_in_loop` recovers each scale exactly and the loop terms."""
+    per request. `_in_loop` recovers each scale exactly and the loop terms; the scale of all
+    decode-only steps is their total time over the fit's."""
     fit = AffineCost(base_ms=2.0, prefill_ms=0.1, decode_ms=0.5, context_ms=0.01)
     shapes = [(0, d) for d in range(1, 8) for _ in range(5)] + [(0, d) for d in range(8, 16) for _ in range(3)]
     shapes += [(0, 20)] * 5 + [(64, 4)] * 6
@@ -140,7 +143,10 @@ def test_in_loop_scales_per_batch_size_bin_from_the_engine_steps() -> None:
         return LoopStep(out, runner, runner + 0.5 + 0.1 * out.num_requests)
 
     profile = _in_loop(fit, [step(*shape) for shape in shapes], [8, 16, 32])
-    assert profile.loop_scale == pytest.approx(1.0) and profile.prefill_loop_scale == pytest.approx(0.9)
+    decodes = [step(*shape) for shape in shapes if not shape[0]]
+    total = sum(s.execute_ms for s in decodes) / sum(fit.step_time(s.out) * 1000.0 for s in decodes)
+    assert 1.0 < total < 1.5 and profile.loop_scale == pytest.approx(total)
+    assert profile.prefill_loop_scale == pytest.approx(0.9)
     assert profile.decode_loop_scales == ((8, pytest.approx(1.2)),)
     assert profile.loop_base_ms == pytest.approx(0.5) and profile.loop_request_ms == pytest.approx(0.1)
     assert _in_loop(fit, [step(*shape) for shape in shapes], []).decode_loop_scales == ()

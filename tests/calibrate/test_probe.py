@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from contbatch.calibrate.calibration import at_reference_speed
 from contbatch.calibrate.capacity import workload
 from contbatch.calibrate.fit import StepSample
 from contbatch.calibrate.grid import CalibrationError, decode_contexts
+from contbatch.calibrate.loop import LoopStep
 from contbatch.calibrate.probe import (
     key_point,
     mean_probe,
@@ -19,7 +21,8 @@ from contbatch.calibrate.probe import (
     speed_factor,
     time_probe,
 )
-from contbatch.calibrate.validate import batch_kind, validate
+from contbatch.calibrate.validate import MetricRow, _median_replay, batch_kind, validate
+from contbatch.core.outputs import build_output
 from contbatch.engine.llm_engine import EngineConfig
 from contbatch.engine.runner import ModelRunner
 from contbatch.sim.cost import AffineCost
@@ -84,3 +87,30 @@ def test_steps_are_grouped_by_power_of_two_batch_sizes() -> None:
         "1 decode", "2-3 decodes", "2-3 decodes", "8-15 decodes", "with prefill", "64-127 decodes"
     ]  # fmt: skip
     assert sorted(kinds)[-1][1] == "with prefill" and sorted(kinds)[0][1] == "1 decode"
+
+
+def test_engine_runs_are_brought_to_the_mean_speed_of_their_probes() -> None:
+    out = build_output(0, ())
+    runs = [[LoopStep(out, 10.0, 12.0), LoopStep(out, 20.0, None)], [LoopStep(out, 30.0, 33.0)]]
+    # probes 8, 10, 12.5 ms: the reference is their geometric mean, 10; the first run ran at
+    # sqrt(8 * 10) / 10 = 0.894 (faster), the second at sqrt(10 * 12.5) / 10 = 1.118 (slower)
+    probes = [{"0,4,256": 8.0}, {"0,4,256": 10.0}, {"0,4,256": 12.5}]
+    steps, speeds = at_reference_speed(runs, probes)
+    assert speeds == pytest.approx([math.sqrt(0.8), math.sqrt(1.25)])
+    assert [s.execute_ms for s in steps] == pytest.approx([10 / speeds[0], 20 / speeds[0], 30 / speeds[1]])
+    assert [s.cycle_ms for s in steps] == pytest.approx([12 / speeds[0], None, 33 / speeds[1]])
+    with pytest.raises(ValueError, match="2 runs need 3 probes"):
+        at_reference_speed(runs, probes[:2])
+
+
+def test_a_metric_row_is_the_replay_of_median_error() -> None:
+    def rows(*pairs: tuple[float, float]) -> list[MetricRow]:
+        return [MetricRow("mean_tpot_ms", "TPOT mean", "ms", predicted, measured) for predicted, measured in pairs]
+
+    # errors +10 %, -5 %, +2 %: the +2 % replay, its prediction beside its own measurement (medians
+    # taken apart would give 11 against 10.5: +4.8 %)
+    middle = _median_replay(rows((11.0, 10.0), (9.5, 10.0), (10.2, 10.0)))
+    assert (middle.predicted, middle.measured) == (10.2, 10.0)
+    pair = _median_replay(rows((11.0, 10.0), (9.5, 10.0)))  # an even count: the two middle ones averaged
+    assert (pair.predicted, pair.measured) == pytest.approx((10.25, 10.0))
+    assert _median_replay(rows((0.0, 0.0), (1.0, 0.0), (2.0, 1.0))).measured == 0.0  # inf error ranks as 0

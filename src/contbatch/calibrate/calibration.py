@@ -5,12 +5,13 @@ Steps, in order:
 1. the grid (`contbatch.calibrate.grid`) timed on a runner of its own, with a KV cache sized for
    its largest point; then as many held-out points drawn off the grid values;
 2. the runner's time fitted by `fit_affine` and `fit_table` on the grid points only;
-3. a real engine run (the configured engine: its KV cache and scheduler) of a calibration
-   workload offered at `loop_load` of the capacity the table fit predicts (the runner alone, so
-   somewhat more: near capacity, where the batches are that matter most), after a warm-up run;
-   its steps' cycle times are recorded (`contbatch.calibrate.loop`), and the speed probe
-   (`contbatch.calibrate.probe`) is timed right before and after it: the speed the profile's
-   prices hold at;
+3. `loop_runs` real engine runs (the configured engine: its KV cache and scheduler) of
+   calibration workloads offered at `loop_load` of the capacity the table fit predicts (the
+   runner alone, so somewhat more: near capacity, where the batches are that matter most), after
+   a warm-up run; their steps' cycle times are recorded (`contbatch.calibrate.loop`), and the
+   speed probe (`contbatch.calibrate.probe`) is timed before, between and after them: their
+   geometric mean is the speed the profile's prices hold at, and each run's step times are
+   brought to that speed by the probes around it (`_engine_runs`);
 4. for each fit, the engine loop's terms fitted on the even-numbered steps (`_in_loop`): the
    runner's time in the loop over the fit's prediction (`fit_scale`: for steps with prefill
    tokens, for decode-only steps, and for decode-only steps per batch-size bin from
@@ -28,7 +29,7 @@ seed (`contbatch.calibrate.validate` refuses a trace named like one).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +45,16 @@ from contbatch.calibrate.fit import (
     fit_scale,
     fit_table,
 )
-from contbatch.calibrate.grid import GridSpec, blocks_needed, check_fits_model, heldout_points, time_points
+from contbatch.calibrate.grid import (
+    CalibrationError,
+    GridSpec,
+    blocks_needed,
+    check_fits_model,
+    heldout_points,
+    time_points,
+)
 from contbatch.calibrate.loop import LoopStep, StepRecorder
-from contbatch.calibrate.probe import probe_points, time_probe
+from contbatch.calibrate.probe import mean_probe, probe_points, speed_factor, time_probe
 from contbatch.calibrate.profile_doc import profile_document
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.engine.replay import replay
@@ -65,15 +73,21 @@ class CalibrationConfig:
     grid: GridSpec = field(default_factory=GridSpec)
     threads: int | None = None  # torch intra-op threads; None: torch's current setting (recorded either way)
     num_heldout: int = 24  # off-grid points timed to check the fits
-    loop_requests: int = 160  # requests of the calibration engine run (enough for its batch-size bins)
+    loop_requests: int = 160  # requests of each calibration engine run (enough for its batch-size bins)
+    loop_runs: int = 3  # calibration engine runs (other seeds), the speed probe timed around each
     loop_load: float = 0.85  # its offered rate, as a fraction of the capacity the grid table predicts
     prompt_tokens: tuple[int, int] = (32, 512)  # calibration workload lengths (inclusive)
     output_tokens: tuple[int, int] = (16, 192)
     seed: int = 0
     # decode-only steps of at least this many decodes get in-loop scales per batch-size bin (the grid's
-    # decode axis); smaller batches keep the median scale: their in-loop time depends on what ran
-    # before them (idle gaps at low load), which the calibration run, near capacity, rarely has
-    min_bin_decodes: int = 4
+    # decode axis; a bin needs `MIN_BIN_STEPS`); smaller batches keep the scale of all decode-only steps
+    min_bin_decodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.loop_runs < 1 or self.loop_requests < 4:
+            raise CalibrationError(
+                f"the calibration needs 1+ engine runs of 4+ requests, got {self.loop_runs} of {self.loop_requests}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +125,7 @@ def calibrate(config: CalibrationConfig, progress: Progress = _no_progress) -> C
     off_grid = time_points(runner, heldout, config.grid, on_run=tick)
     del runner
     fits: dict[str, AffineCost | TableCost] = {"affine": fit_affine(grid), "table": fit_table(grid)}
-    recorded, probes = _engine_run(engine, config, ProfileCost(fits["table"]), progress)
+    recorded, probes, speeds = _engine_runs(engine, config, ProfileCost(fits["table"]), progress)
     loop_steps = [s for s in recorded if s.cycle_ms]
     if len(loop_steps) < 4:
         raise ValueError(f"the calibration engine run gave {len(loop_steps)} timed steps; at least 4 are needed")
@@ -123,7 +137,7 @@ def calibrate(config: CalibrationConfig, progress: Progress = _no_progress) -> C
     document = profile_document(
         config=config, engine=engine, profile=profile, fits=fits, candidates=candidates, chosen=chosen,
         samples={"grid": grid, "heldout": off_grid, "engine_steps": [s.sample() for s in loop_steps]},
-        loop_execute_ms=[s.execute_ms for s in loop_steps], speed_probe=probes,
+        loop_execute_ms=[s.execute_ms for s in loop_steps], speed_probe=(probes, speeds),
     )  # fmt: skip
     return Calibration(profile, document)
 
@@ -138,28 +152,52 @@ def _grid_runner(engine: LLMEngine, config: CalibrationConfig, points: list[tupl
     )
 
 
-def _engine_run(
+def _engine_runs(
     engine: LLMEngine, config: CalibrationConfig, guess: ProfileCost, progress: Progress
-) -> tuple[list[LoopStep], tuple[dict[str, float], dict[str, float]]]:
-    """Steps of a real run of the calibration workload at `loop_load` of the predicted capacity,
-    and the speed probe timed right before and after it."""
+) -> tuple[list[LoopStep], list[dict[str, float]], list[float]]:
+    """Steps of `loop_runs` real runs of calibration workloads (seeds `seed`, `seed` + 1, ...) at
+    `loop_load` of the predicted capacity, each step's times brought to the reference speed;
+    the speed probes timed before, between and after the runs; each run's speed.
+
+    The reference speed is the geometric mean of every probe, and a run's speed is the mean of
+    the probes around it against that reference (`speed_factor`): a run timed while the machine
+    was 3 % slow counts 3 % less, so the drift of a shared machine from one run to the next
+    averages out instead of setting the profile's prices."""
 
     lengths = fitted_lengths(config.prompt_tokens, config.output_tokens, engine.max_model_len)
     shape = workload(CALIBRATION_TRACE, config.loop_requests, 1.0, **lengths, seed=config.seed)
     rate = config.loop_load * saturation_rate(shape, engine.scheduler.config, guess)
-    trace = workload(CALIBRATION_TRACE, config.loop_requests, rate, **lengths, seed=config.seed)
-    tick = progress(f"engine run: {len(trace)} requests at {rate:.3g}/s", 2)
+    tick = progress(f"engine runs: {config.loop_runs} x {config.loop_requests} requests at {rate:.3g}/s",
+                    config.loop_runs + 1)  # fmt: skip
     warm = workload("warm-up", 4, rate * 4, **lengths, seed=config.seed + 7)
     replay(LLMEngine(config.engine, share=engine), warm)
     tick()
-    measured = LLMEngine(config.engine, share=engine)
     points = probe_points(engine.max_model_len)
-    before = time_probe(engine.runner, points)
-    with StepRecorder(measured) as recorder:
-        replay(measured, trace, seed=config.seed)
-    after = time_probe(engine.runner, points)
-    tick()
-    return recorder.steps(), (before, after)
+    probes = [time_probe(engine.runner, points)]
+    runs: list[list[LoopStep]] = []
+    for run in range(config.loop_runs):
+        trace = workload(CALIBRATION_TRACE, config.loop_requests, rate, **lengths, seed=config.seed + run)
+        measured = LLMEngine(config.engine, share=engine)
+        with StepRecorder(measured) as recorder:
+            replay(measured, trace, seed=config.seed)
+        probes.append(time_probe(engine.runner, points))
+        runs.append(recorder.steps())
+        tick()
+    steps, speeds = at_reference_speed(runs, probes)
+    return steps, probes, speeds
+
+
+def at_reference_speed(
+    runs: Sequence[Sequence[LoopStep]], probes: Sequence[Mapping[str, float]]
+) -> tuple[list[LoopStep], list[float]]:
+    """The steps of every run, in order, with their times divided by their run's speed, and those
+    speeds: run i's speed is the mean of `probes[i]` and `probes[i + 1]` (timed right before and
+    after it) against the mean of every probe, the reference (`speed_factor`)."""
+    if len(probes) != len(runs) + 1:
+        raise ValueError(f"{len(runs)} runs need {len(runs) + 1} probes (before, between, after), got {len(probes)}")
+    reference = mean_probe(*probes)
+    speeds = [speed_factor(mean_probe(probes[i], probes[i + 1]), reference) for i in range(len(runs))]
+    return [step.scaled(1.0 / speed) for speed, run in zip(speeds, runs, strict=True) for step in run], speeds
 
 
 def fitted_lengths(

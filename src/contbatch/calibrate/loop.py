@@ -29,6 +29,11 @@ class LoopStep:
     execute_ms: float  # the runner's time
     cycle_ms: float | None  # start of this step to the start of the next; None before an idle wait
 
+    def scaled(self, factor: float) -> LoopStep:
+        """The step with its times multiplied by `factor` (brought to another machine speed)."""
+        cycle = None if self.cycle_ms is None else self.cycle_ms * factor
+        return LoopStep(self.out, self.execute_ms * factor, cycle)
+
     def sample(self) -> StepSample:
         """The step as a `StepSample` of its cycle time (only for steps that have one)."""
         if self.cycle_ms is None:

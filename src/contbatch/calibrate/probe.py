@@ -23,7 +23,7 @@ from contbatch.engine.runner import ModelRunner
 PROBE_DECODES = (4, 12, 24)  # decode-only batches of three sizes, and a prefill chunk mixed into 8 decodes
 PROBE_CONTEXT = 256  # context per decode (less on a model that does not hold 7 / 4 of it)
 PROBE_PREFILL = 256  # tokens of the mixed step's prefill chunk (at most half the model's length)
-PROBE_SPEC = GridSpec(warmup=2, repeats=15, point_budget_s=1.5)
+PROBE_SPEC = GridSpec(warmup=2, repeats=25, point_budget_s=2.5)
 
 Point = tuple[int, int, int]  # (prefill tokens, decodes, context per decode), as in `contbatch.calibrate.grid`
 

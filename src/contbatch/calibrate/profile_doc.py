@@ -5,12 +5,12 @@ Keys besides ``format``, ``version`` and ``cost`` (`contbatch.sim.costs.profile`
 ``model`` (path, type, shape, parameters), ``engine`` (device, dtype, torch threads, torch
 version, block size, KV cache bytes), ``grid`` (axes, warm-up, repeats), ``fits`` (both models'
 coefficients, held-out errors and score), ``chosen``, ``speed_probe`` (`contbatch.calibrate.probe`:
-the probe's times per point ``"prefill,decode,context"`` ``before`` and ``after`` the calibration
-engine run and their geometric mean ``ms``, the reference `contbatch validate` measures the
-machine's speed against),
+the probe's times per point ``"prefill,decode,context"``, ``timed`` before, between and after the
+calibration engine runs, their geometric mean ``ms``, the reference `contbatch validate` measures
+the machine's speed against, and ``run_speeds``, each run's speed against it),
 and ``samples`` (every measured step as ``[prefill, decode, context, requests, ms]``: the grid,
-the held-out points, the engine steps). The simulator reads only ``cost``; the rest is for
-reports and for `contbatch validate`.
+the held-out points, the engine steps, these brought to the reference speed). The simulator reads
+only ``cost``; the rest is for reports and for `contbatch validate`.
 """
 
 from __future__ import annotations
@@ -135,9 +135,11 @@ def profile_document(
     chosen: str,
     samples: Mapping[str, Sequence[StepSample]],
     loop_execute_ms: Sequence[float],
-    speed_probe: tuple[Mapping[str, float], Mapping[str, float]],
+    speed_probe: tuple[Sequence[Mapping[str, float]], Sequence[float]],
 ) -> dict[str, Any]:
+    """The profile file's contents; `speed_probe` = (the probes in the order timed, each engine run's speed)."""
     grid = config.grid
+    probes, run_speeds = speed_probe
     return {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
@@ -153,6 +155,7 @@ def profile_document(
             "repeats": grid.repeats,
             "num_heldout": config.num_heldout,
             "engine_run_requests": config.loop_requests,
+            "engine_runs": config.loop_runs,
             "engine_run_load": config.loop_load,
             "seed": config.seed,
         },
@@ -169,9 +172,9 @@ def profile_document(
             for name, c in candidates.items()
         },
         "speed_probe": {
-            "ms": mean_probe(*speed_probe),
-            "before": dict(speed_probe[0]),
-            "after": dict(speed_probe[1]),
+            "ms": mean_probe(*probes),
+            "timed": [dict(probe) for probe in probes],
+            "run_speeds": list(run_speeds),
         },
         "samples": {name: _rows(rows) for name, rows in samples.items()},
         "engine_steps_execute_ms": [round(v, 4) for v in loop_execute_ms],

@@ -11,9 +11,13 @@
    the machine speed the probe found right around it (`contbatch.calibrate.probe`): the speed of
    a shared machine moves by a few percent between minutes, which the profile cannot know, and
    near capacity that alone moves TPOT by ten percent. The probe times fixed synthetic steps, so
-   it reads nothing of the trace; predicted metrics are medians over the replays' predictions;
+   it reads nothing of the trace;
 3. both sets of timelines are summarised by `contbatch.metrics.summarize`, and each metric of
-   `METRICS` is compared: relative error = predicted / measured - 1;
+   `METRICS` is compared replay by replay, relative error = predicted / measured - 1: a metric's
+   row is the replay with the median error (the mean of the two middle replays for an even
+   count), its prediction and its measurement side by side. Pairing keeps what a replay's
+   machine speed did to both sides together; medians taken apart would set one replay's
+   measurement against another's prediction;
 4. each engine step's cycle time (`contbatch.calibrate.loop`) is compared with the cost model's
    price of that very step: the step-level error, which tells a wrong cost model from
    queueing that amplifies a small one.
@@ -23,7 +27,7 @@ A trace named ``calibration`` is refused: the calibration run used it, so it pro
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +84,7 @@ class Validation:
     step_error: ErrorStats  # the cost model's price of each engine step against its cycle time
     steps: tuple[StepSample, ...] = ()  # the engine's steps with their cycle times (not in as_dict)
     replays: tuple[dict[str, float], ...] = ()  # each replay's measured value of every `METRICS` key
+    predicted_replays: tuple[dict[str, float], ...] = ()  # and its predicted value
     speeds: tuple[float, ...] = ()  # each replay's machine speed against calibration (probe); () without
     step_error_by_batch: dict[str, ErrorStats] | None = None  # `step_error` per kind of step (`batch_kind`)
 
@@ -96,6 +101,7 @@ class Validation:
             "step_time_error": self.step_error.as_dict(),
             "step_time_error_by_batch": {k: e.as_dict() for k, e in (self.step_error_by_batch or {}).items()},
             "measured_replays": list(self.replays),
+            "predicted_replays": list(self.predicted_replays),
             "machine_speed_per_replay": list(self.speeds),
             "measured": self.measured_summary,
             "predicted": self.predicted_summary,
@@ -112,13 +118,14 @@ def validate(
     reference_probe: Mapping[str, float] | None = None,
 ) -> Validation:
     """Run `trace` on the engine `replays` times (fresh engines sharing `engine`'s model when
-    given) and in the simulator. Measured metrics are medians over the replays; the timelines
-    and summaries shown are those of the median replay (by measured mean E2E).
+    given) and in the simulator. Each metric's row is the replay with its median error
+    (`_median_replay`); the timelines and summaries shown are those of the median replay by
+    measured mean E2E.
 
     With `reference_probe` (the profile's speed probe; `cost` must be a `ProfileCost`) the probe
     is timed right before and after each replay, and that replay is predicted at the speed it
     found (`ProfileCost.at_speed`); without, every replay is predicted at the profile's own
-    speed. Predicted metrics are medians over the replays' predictions."""
+    speed."""
     if trace.name == CALIBRATION_TRACE:
         raise ValueError(f"trace {trace.name!r} is the calibration workload: validate on another trace")
     if cost.time_unit != "s" or trace.time_unit != "s":
@@ -139,14 +146,13 @@ def validate(
     middle = sorted(range(replays), key=lambda i: measured_values[i]["mean_e2el_ms"])[(replays - 1) // 2]
     steps = [step for run in runs for step in run.steps]
     prices = [1000.0 * c.step_time(step.to_output()) for run, c in zip(runs, costs, strict=True) for step in run.steps]
-    rows = tuple(
-        MetricRow(key, label, unit, _median(predicted_values, key), _median(measured_values, key))
-        for key, label, unit in METRICS
-    )
+    pairs = list(zip(predicted_values, measured_values, strict=True))
+    rows = tuple(_median_replay([MetricRow(k, name, unit, p[k], m[k]) for p, m in pairs]) for k, name, unit in METRICS)
     shown = results[middle]
     return Validation(
         trace, rows, runs[middle].timelines, shown.timelines, runs[middle].summary, shown.summary(),
-        predicted_error_stats(prices, steps), tuple(steps), measured_values, speeds, _by_batch(prices, steps),
+        predicted_error_stats(prices, steps), tuple(steps), measured_values, predicted_values, speeds,
+        _by_batch(prices, steps),
     )  # fmt: skip
 
 
@@ -198,8 +204,13 @@ def _values(summary: dict[str, object]) -> dict[str, float]:
     return {key: _number(summary, key) for key, _, _ in METRICS}
 
 
-def _median(values: tuple[dict[str, float], ...], key: str) -> float:
-    return statistics.median(v[key] for v in values)
+def _median_replay(rows: list[MetricRow]) -> MetricRow:
+    """The row of the replay whose error is the median; for an even count, the mean of the two
+    middle replays' predictions and measurements (a non-finite error counts as 0)."""
+    ranked = sorted(rows, key=lambda r: r.rel_error if math.isfinite(r.rel_error) else 0.0)
+    low, high = ranked[(len(ranked) - 1) // 2], ranked[len(ranked) // 2]
+    return MetricRow(low.key, low.label, low.unit, (low.predicted + high.predicted) / 2,
+                     (low.measured + high.measured) / 2)  # fmt: skip
 
 
 def _span(requests: tuple[Any, ...], what: str) -> tuple[int, int]:
@@ -213,8 +224,8 @@ def _number(summary: dict[str, object], key: str) -> float:
 
 
 def format_by_batch(by_batch: dict[str, ErrorStats]) -> str:
-    """``1 decode +5.0% (120 steps), ...``: the mean relative error of each kind of step."""
-    return ", ".join(f"{kind} {100 * e.bias:+.1f}% ({e.num_samples})" for kind, e in by_batch.items())
+    """``1 decode +5.0% (120), ...``: the error on the total time of each kind of step (its steps)."""
+    return ", ".join(f"{kind} {100 * e.total:+.1f}% ({e.num_samples})" for kind, e in by_batch.items())
 
 
 def format_validation(validation: Validation) -> str:
@@ -242,13 +253,14 @@ def format_validation(validation: Validation) -> str:
     ]
     text.insert(1, "  ".join("-" * w for w in widths))
     e = validation.step_error
-    measured = f"medians of {len(replays)} engine replays" if len(replays) > 1 else "one engine replay"
+    measured = f"per row, the replay of median error of {len(replays)}" if len(replays) > 1 else "one engine replay"
     text.append(
         f"\nmeasured: {measured}. step times ({e.num_samples} engine steps, predicted / measured - 1): "
-        f"mean {100 * e.bias:+.1f}%, mean |error| {100 * e.mean_abs:.1f}%, p90 |error| {100 * e.p90_abs:.1f}%"
+        f"mean {100 * e.bias:+.1f}%, on their total time {100 * e.total:+.1f}%, mean |error| {100 * e.mean_abs:.1f}%, "
+        f"p90 |error| {100 * e.p90_abs:.1f}%"
     )
     if validation.step_error_by_batch:
-        text.append("mean step error by kind: " + format_by_batch(validation.step_error_by_batch))
+        text.append("step error on total time, by kind (steps): " + format_by_batch(validation.step_error_by_batch))
     if validation.speeds:
         found = ", ".join(f"x{speed:.3f}" for speed in validation.speeds)
         text.append(f"machine speed probe (step times against calibration), per replay: {found}")

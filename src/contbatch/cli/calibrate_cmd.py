@@ -61,7 +61,9 @@ def add_calibrate_parsers(commands: Any) -> None:
     calibrate.add_argument("--context", help="grid context per decode, e.g. 32,128,384,768")
     calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per grid point (default 5)")
     calibrate.add_argument("--warmup", type=int, default=1, help="untimed runs per grid point (default 1)")
-    calibrate.add_argument("--run-requests", type=int, default=160, help="requests of the calibration engine run")
+    calibrate.add_argument("--run-requests", type=int, default=160, help="requests of each calibration engine run")
+    calibrate.add_argument("--runs", type=int, default=3,
+                           help="calibration engine runs, the speed probe timed around each (default 3)")  # fmt: skip
     calibrate.add_argument("--seed", type=int, default=0)
     calibrate.add_argument("--quiet", action="store_true", help="no progress bar")
     _shared_flags(calibrate)
@@ -76,7 +78,7 @@ def add_calibrate_parsers(commands: Any) -> None:
     validate.add_argument("--scheduler", default="continuous", help="continuous (default) or static")
     validate.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
     validate.add_argument("--replays", type=int, default=1,
-                          help="engine replays of the trace; measured = their medians (default 1)")  # fmt: skip
+                          help="engine replays of the trace; a row is the replay of median error (1)")  # fmt: skip
     validate.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                           help="predict at the calibration run's speed instead of the speed the profile's "
                           "probe finds around each replay")  # fmt: skip
@@ -117,10 +119,10 @@ def _calibration_config(args: argparse.Namespace) -> Any:
         warmup=args.warmup,
         repeats=args.repeats,
     )
-    if args.run_requests < 4:
-        raise UsageError(f"--run-requests must be >= 4, got {args.run_requests}")
+    if args.run_requests < 4 or args.runs < 1:
+        raise UsageError(f"--run-requests must be >= 4 and --runs >= 1, got {args.run_requests} and {args.runs}")
     return CalibrationConfig(engine=_engine_config(args), grid=grid, threads=_threads(args.threads),
-                             loop_requests=args.run_requests, seed=args.seed)  # fmt: skip
+                             loop_requests=args.run_requests, loop_runs=args.runs, seed=args.seed)  # fmt: skip
 
 
 class _Bars:

@@ -16,7 +16,7 @@ A profile (JSON, written by `contbatch.calibrate`) prices one step as::
   prefill work and swaps per block, as in those two models;
 - ``loop_scale``: the runner's time inside a real engine run over the time the fit predicts for
   the same step shape (a real batch's block tables are scattered, its contexts varied, its caches
-  disturbed by the loop between steps), the median ratio over the steps of a real engine run;
+  disturbed by the loop between steps), their total time over its prediction in a real engine run;
   ``prefill_loop_scale`` the same over its steps with prefill tokens, and ``decode_loop_scales``
   over its decode-only steps per batch-size bin, ``[[lowest decode count, scale], ...]`` (the
   ratio moves with the batch: a grid step's decodes are spread wider than a real batch's);
