@@ -5,7 +5,7 @@ One command reproduces the README's validation table and CDF plot:
     .venv/bin/python benchmarks/validate_sim.py
 
 1. `contbatch.calibrate.calibrate` on the demo model (float32 on CPU, `--threads` torch threads):
-   the grid, the held-out points and one real engine run of the seeded ``calibration`` workload;
+   the grid, the held-out points and three real engine runs of seeded ``calibration`` workloads;
 2. before each validation phase, the capacity of the engine as the calibrated simulator sees it
    (`saturation_rate`: completed requests per second under a persistent queue) for the
    validation workload's shape, at the machine speed the profile's probe finds then;

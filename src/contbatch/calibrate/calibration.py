@@ -128,7 +128,7 @@ def calibrate(config: CalibrationConfig, progress: Progress = _no_progress) -> C
     recorded, probes, speeds = _engine_runs(engine, config, ProfileCost(fits["table"]), progress)
     loop_steps = [s for s in recorded if s.cycle_ms]
     if len(loop_steps) < 4:
-        raise ValueError(f"the calibration engine run gave {len(loop_steps)} timed steps; at least 4 are needed")
+        raise ValueError(f"the calibration engine runs gave {len(loop_steps)} timed steps; at least 4 are needed")
     train, heldout_steps = loop_steps[0::2], [s.sample() for s in loop_steps[1::2]]
     bins = [count for count in config.grid.decode if count >= config.min_bin_decodes]
     candidates = {name: _candidate(_in_loop(fit, train, bins), off_grid, heldout_steps) for name, fit in fits.items()}

@@ -1,12 +1,12 @@
 """The machine's speed now, against the speed it had when a profile was calibrated.
 
-A profile prices steps at the speed the machine had during the calibration engine run (the loop
-scales tie the grid to that run). A shared or virtual machine does not keep one speed: from one
+A profile prices steps at the speed the machine had during the calibration engine runs (the loop
+scales tie the grid to those runs). A shared or virtual machine does not keep one speed: from one
 minute to the next its steps take a few percent more or less time (frequency, neighbours' memory
 traffic, host scheduling), and near capacity queueing turns a few percent per step into ten
 percent on TPOT and E2E. So the calibration stores a *probe*: a few fixed synthetic steps
-(`PROBE_POINTS`, shaped like a mid-sized continuous batch) timed on the runner right around its
-engine run (`probe_points`: fitted to the model's length; the profile records them).
+(`probe_points`, shaped like a mid-sized continuous batch, fitted to the model's length) timed
+on the runner before, between and after its engine runs (their geometric mean is the reference).
 `speed_factor(now, then)` is the geometric mean over the points of now / then: a validation
 times the profile's probe points around each engine replay and prices the simulator at that
 speed (`ProfileCost.at_speed`). The probe reads no part of the trace it is used with.
