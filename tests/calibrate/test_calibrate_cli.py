@@ -112,6 +112,7 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
                  "--threads", "1", "--run-requests", "8", "--runs", "2", "--quiet", *grid])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and profile.is_file() and "<- chosen" in out and "1 threads" in out
+    assert "machine speed per engine run (probe, against their mean): x" in out
     probe = json.loads(profile.read_text())["speed_probe"]
     assert set(probe) == {"ms", "timed", "run_speeds"} and len(probe["timed"]) == 3 and len(probe["run_speeds"]) == 2
     assert all(set(timed) == set(probe["ms"]) for timed in probe["timed"])  # before, between and after the 2 runs

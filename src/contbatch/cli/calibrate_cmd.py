@@ -181,6 +181,10 @@ def run_calibrate_command(args: argparse.Namespace) -> int:
     print("affine (ms): " + ", ".join(f"{k} {v:.4g}" for k, v in cost["affine"].items()))
     print(f"engine loop: runner x {cost['loop_scale']:.3g}, + {cost['loop_base_ms']:.3g} ms per step "
           f"+ {cost['loop_request_ms']:.3g} ms per request")  # fmt: skip
+    bins = ", ".join(f"{low}+ x {scale:.3g}" for low, scale in cost["decode_loop_scales"])
+    print(f"runner in the loop by decodes per step: {bins or 'one scale'}")
+    speeds = ", ".join(f"x{speed:.3f}" for speed in doc["speed_probe"]["run_speeds"])
+    print(f"machine speed per engine run (probe, against their mean): {speeds}")
     return 0
 
 
