@@ -83,21 +83,26 @@ class ProfileCost:
     speed: float = 1.0  # step times now over step times at calibration; finite, > 0
 
     def __post_init__(self) -> None:
+        """The one check of the loop terms, for a profile file and a direct construction alike: an
+        error names `source` and the field (``cost.NAME`` as in the file; ``speed`` is no field)."""
         for name in ("loop_scale", "loop_base_ms", "loop_request_ms", "speed"):
             value = getattr(self, name)
             if not _is_number(value):
-                raise CostSpecError(f"profile cost: {name} must be a finite number, got {value!r}")
+                raise _error(self.source, _field(name), f"must be a finite number, got {value!r}")
         for name in ("loop_scale", "speed"):
             if getattr(self, name) <= 0:
-                raise CostSpecError(f"profile cost: {name} must be > 0, got {getattr(self, name)!r}")
+                raise _error(self.source, _field(name), f"must be > 0, got {getattr(self, name)!r}")
         prefill_scale = self.prefill_loop_scale
         if prefill_scale is not None and not (_is_number(prefill_scale) and prefill_scale > 0):
-            raise CostSpecError(f"profile cost: prefill_loop_scale must be a finite number > 0, got {prefill_scale!r}")
+            problem = f"must be a finite number > 0, got {prefill_scale!r}"
+            raise _error(self.source, _field("prefill_loop_scale"), problem)
         bins = self.decode_loop_scales
         if any(high <= low for (low, _), (high, _) in itertools.pairwise(bins)) or any(
             not (_is_number(scale) and scale > 0) for _, scale in bins
         ):
-            raise CostSpecError(f"profile cost: decode_loop_scales need increasing counts and scales > 0, got {bins!r}")
+            raise _error(
+                self.source, _field("decode_loop_scales"), f"need increasing decode counts and scales > 0, got {bins!r}"
+            )
 
     @property
     def time_unit(self) -> str:
@@ -189,17 +194,12 @@ def profile_from_document(document: object, label: str = "<profile>", *, model: 
         compute: AffineCost | TableCost = _affine(cost, label, swap)
     else:
         compute = _table(cost, label, swap)
-    scale = _number(cost, "loop_scale", label, "cost", minimum=0.0)
-    if scale <= 0:
-        raise _error(label, "cost.loop_scale", f"must be > 0, got {scale!r}")
     prefill_scale = None
     if cost.get("prefill_loop_scale") is not None:
-        prefill_scale = _number(cost, "prefill_loop_scale", label, "cost", minimum=0.0)
-        if prefill_scale <= 0:
-            raise _error(label, "cost.prefill_loop_scale", f"must be > 0, got {prefill_scale!r}")
-    return ProfileCost(
+        prefill_scale = _number(cost, "prefill_loop_scale", label, "cost")
+    return ProfileCost(  # checks the values of the loop terms (`ProfileCost.__post_init__`)
         compute,
-        loop_scale=scale,
+        loop_scale=_number(cost, "loop_scale", label, "cost"),
         prefill_loop_scale=prefill_scale,
         decode_loop_scales=_bins(cost.get("decode_loop_scales"), label),
         loop_base_ms=_number(cost, "loop_base_ms", label, "cost"),
@@ -227,17 +227,15 @@ def _table(cost: Mapping[str, object], label: str, swap: float) -> TableCost:
 
 
 def _bins(value: object, label: str) -> tuple[tuple[int, float], ...]:
-    """``decode_loop_scales``: absent, or [[count >= 1, scale > 0], ...] with increasing counts."""
+    """``decode_loop_scales``: absent, or [[count >= 1, scale > 0], ...] (`ProfileCost` checks
+    that the counts increase)."""
     if value is None:
         return ()
     if not isinstance(value, list) or not all(_is_bin(pair) for pair in value):
         raise _error(
             label, "cost.decode_loop_scales", f"must be a list of [decode count >= 1, scale > 0], got {value!r}"
         )
-    bins = tuple((int(pair[0]), float(pair[1])) for pair in value)
-    if any(high <= low for (low, _), (high, _) in itertools.pairwise(bins)):
-        raise _error(label, "cost.decode_loop_scales", f"decode counts must increase, got {value!r}")
-    return bins
+    return tuple((int(pair[0]), float(pair[1])) for pair in value)
 
 
 def _is_bin(pair: object) -> bool:
@@ -275,6 +273,11 @@ def _is_number(value: object) -> bool:
 
 def _error(label: str, field: str, problem: str) -> CostSpecError:
     return CostSpecError(f"{label}: field {field!r}: {problem}")
+
+
+def _field(name: str) -> str:
+    """A `ProfileCost` attribute's field in the profile file (``speed`` is none: a spec parameter)."""
+    return name if name == "speed" else f"cost.{name}"
 
 
 def _one_line(exc: Exception) -> str:
