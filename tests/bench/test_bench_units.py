@@ -137,6 +137,22 @@ def test_summary_measures_from_the_scheduled_send_and_excludes_warmup_and_cooldo
         summarize_records(records, warmup_s=6.0, cooldown_s=6.0)
 
 
+def test_refused_requests_enter_no_latency_but_are_counted() -> None:
+    """Issue 14: an HTTP 429 (sent, so its client timeline has a SCHEDULED event) is reported as
+    rejected and left out of every latency: mean E2E is over the requests that ran."""
+    records = [record(f"r{i}", float(i), float(i), [i + 1.0, i + 2.0], i + 2.0) for i in range(3)]
+    records.append(
+        RequestRecord("refused", 0.5, 10, 5, send_ts=0.5, end_ts=0.6, status=429, finish=FinishReason.REJECTED)
+    )
+    doc = summarize_records(records, slo=parse_goodput(["e2el:10000"]))
+    assert doc["num_requests"] == 4 and doc["num_rejected"] == 1 and doc["num_not_run"] == 1
+    assert doc["finish_reasons"]["rejected"] == 1 and doc["failed"] == 1  # type: ignore[index]
+    assert doc["mean_e2el_ms"] == doc["min_e2el_ms"] == pytest.approx(2000.0)  # not the refusal's 100 ms
+    assert doc["max_queue_ms"] == 0.0 and doc["total_input_tokens"] == 30  # its prompt was never processed
+    assert doc["slo_attainment"] == pytest.approx(3 / 4)  # a miss for goodput
+    json.dumps(doc, allow_nan=False)
+
+
 def test_goodput_flags() -> None:
     slo = parse_goodput(["ttft:500", "tpot:50", "e2el:10000"])
     assert (slo.ttft, slo.tpot, slo.e2e) == (0.5, 0.05, 10.0)

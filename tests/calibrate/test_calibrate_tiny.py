@@ -1,28 +1,32 @@
 """Calibration on a tiny model with a small grid: the fitted profile predicts measured step times it
 was not fitted on.
 
-Step times on a shared 2-core machine are noisy (a neighbour's benchmark, garbage collection), so
-nothing here is a tight timing bound: held-out errors must stay under `TOLERANCE` (mean absolute
-relative error, generous) and the fit must beat the naive model that prices every step at the
-median measured time, which a fit that learned nothing cannot do.
+This runs in the test gate, on a shared 2-core machine that may be fully loaded: a step time
+measured there can be several times its quiet value, and the machine's speed can change between
+the grid's passes and the held-out points' passes, which `calibrate` times one after the other.
+So nothing here bounds a timing error. What is checked holds on any machine, loaded or not: the
+profile file holds the profile exactly, the chosen fit is the one of least held-out score, and
+the fit explains how held-out step times vary with the step's shape better than a constant does,
+after the one common scale that best matches predictions to measurements (a machine uniformly
+slower during the held-out passes does not move that comparison). How close the predictions are
+on a quiet machine is a timing claim: `benchmarks/calibrate_tiny.py` measures it.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
 import pytest
 
 from contbatch.calibrate import CalibrationConfig, GridSpec, StepSample, calibrate
-from contbatch.calibrate.fit import error_stats
 from contbatch.calibrate.grid import CalibrationError
 from contbatch.calibrate.profile_doc import write_profile
 from contbatch.engine.llm_engine import EngineConfig
 from contbatch.sim.cost import parse_cost
 from contbatch.sim.costs.profile import ProfileCost
 
-TOLERANCE = 0.35  # mean |predicted / measured - 1| on held-out steps
 GRID = GridSpec(prefill=(0, 32, 96, 160), decode=(0, 1, 4, 16, 48), context=(8, 32, 96), warmup=1, repeats=3)
 
 
@@ -49,16 +53,24 @@ def test_the_fitted_profile_predicts_held_out_steps(tiny_model: Path, tmp_path: 
     for sample in [*grid, *steps]:  # the file holds the profile exactly
         assert cost.step_time(sample.to_output()) == result.profile.step_time(sample.to_output())
 
-    def runner_ms(s: StepSample) -> float:
-        return cost.compute_ms(s.to_output())
+    measured = [s.ms for s in heldout]
+    fitted = _scale_free_error([cost.compute_ms(s.to_output()) for s in heldout], measured)
+    constant = _scale_free_error([1.0] * len(heldout), measured)
+    assert fitted < constant, (fitted, constant, [(s, cost.compute_ms(s.to_output())) for s in heldout])
+    fits = result.document["fits"]
+    chosen = fits[result.document["chosen"]]
+    assert chosen["score"] == min(f["score"] for f in fits.values())
+    for fit in fits.values():  # the score is the mean of the two held-out errors, whatever their size
+        errors = (fit["heldout_grid"]["mean_abs_rel_error"], fit["heldout_engine_steps"]["mean_abs_rel_error"])
+        assert fit["score"] == pytest.approx(sum(errors) / 2) and all(math.isfinite(e) and e >= 0 for e in errors)
+    assert chosen["heldout_grid"]["num_samples"] == 16
 
-    constant = statistics.median(s.ms for s in grid)
-    fitted, naive = error_stats(runner_ms, heldout), error_stats(lambda s: constant, heldout)
-    assert fitted.mean_abs < TOLERANCE, fitted
-    assert fitted.mean_abs < naive.mean_abs, (fitted, naive)
-    chosen = result.document["fits"][result.document["chosen"]]
-    assert chosen["heldout_engine_steps"]["mean_abs_rel_error"] < TOLERANCE, chosen
-    assert chosen["score"] == min(f["score"] for f in result.document["fits"].values())
+
+def _scale_free_error(predicted: list[float], measured: list[float]) -> float:
+    """Mean |k * predicted / measured - 1| with k the median of measured / predicted: the error in
+    how the times vary, whatever the machine's speed while they were measured."""
+    k = statistics.median(m / p for p, m in zip(predicted, measured, strict=True))
+    return statistics.mean(abs(k * p / m - 1) for p, m in zip(predicted, measured, strict=True))
 
 
 def test_the_profile_records_where_it_was_measured(tiny_model: Path) -> None:

@@ -34,7 +34,7 @@ def test_refund_beyond_the_limit_raises() -> None:
     assert budget.remaining == 4
 
 
-@settings(max_examples=200, derandomize=True, deadline=None)
+@settings(max_examples=2 * settings().max_examples, derandomize=True, deadline=None)
 @given(
     limit=st.integers(0, 50),
     ops=st.lists(st.tuples(st.booleans(), st.integers(0, 60)), max_size=30),

@@ -19,11 +19,11 @@ from contbatch.core import (
     Request,
     SchedulerBase,
     SchedulerConfig,
-    SchedulerOutput,
     StaticScheduler,
-    StepResult,
     check_invariants,
 )
+
+from .drive import sampled
 
 MAX_STEPS = 2_000
 
@@ -50,10 +50,6 @@ specs = st.lists(
     min_size=1,
     max_size=10,
 )
-
-
-def execute(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
 
 
 def drive(s: SchedulerBase, requests: list[Request], cancels: list[Cancel]) -> set[str]:
@@ -103,7 +99,7 @@ def drive(s: SchedulerBase, requests: list[Request], cancels: list[Cancel]) -> s
             continue
         cancel_all(True, now + 0.5)
         outputs_before = {r.request_id: r.num_output_tokens for r in requests if r.request_id in cancelled}
-        s.update(out, execute(out), now + 1.0)
+        s.update(out, sampled(out), now + 1.0)
         check_invariants(s)
         for r in requests:  # tokens of a step in flight are dropped for a cancelled request
             if r.request_id in outputs_before:
@@ -113,7 +109,12 @@ def drive(s: SchedulerBase, requests: list[Request], cancels: list[Cancel]) -> s
     raise AssertionError("the run did not end")
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=3 * settings().max_examples,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(
     config=configs,
     static=st.booleans(),

@@ -21,40 +21,11 @@ from contbatch.core import (
     Request,
     RequestStatus,
     SchedulerConfig,
-    SchedulerOutput,
     check_invariants,
 )
 from contbatch.core.config import KVConfig
 
-from .drive import sampled, step
-
-
-def add(s: ContinuousScheduler, rid: str, prompt: int, limit: int, now: float = 0.0, **kw: object) -> Request:
-    request = Request(rid, now, prompt, limit, **kw)  # type: ignore[arg-type]
-    s.add_request(request, now)
-    check_invariants(s)
-    return request
-
-
-def run_to_end(s: ContinuousScheduler, now: float, limit: int = 500) -> list[SchedulerOutput]:
-    outs: list[SchedulerOutput] = []
-    for _ in range(limit):
-        if not s.has_unfinished():
-            return outs
-        out = step(s, now)
-        assert not out.is_empty, f"stalled at {now}: {list(s.requests.values())}"
-        outs.append(out)
-        now += 1.0
-    raise AssertionError("did not finish")
-
-
-def ids(out: SchedulerOutput) -> list[str]:
-    return [c.request_id for c in out.chunks]
-
-
-def held(s: ContinuousScheduler, rid: str) -> int:
-    assert s.memory is not None
-    return s.memory.kv.num_held_blocks(rid)
+from .drive import add, held, run_to_end, sampled, scheduled_ids, step
 
 
 def kv_sched(budget: int = 64, max_num_seqs: int | None = 256, **kv: object) -> ContinuousScheduler:
@@ -66,9 +37,9 @@ def kv_sched(budget: int = 64, max_num_seqs: int | None = 256, **kv: object) -> 
 # -- reserve ------------------------------------------------------------------------------------
 def test_reserve_holds_prompt_plus_limit_and_never_preempts() -> None:
     s = kv_sched(block_size=4, num_blocks=10, admission="reserve")
-    reqs = [add(s, f"r{i}", 6, 6) for i in range(4)]  # 12 tokens = 3 blocks each; only 3 fit
+    reqs = [add(s, f"r{i}", 0.0, 6, 6) for i in range(4)]  # 12 tokens = 3 blocks each; only 3 fit
     out = step(s, 0.0)
-    assert ids(out) == ["r0", "r1", "r2"]
+    assert scheduled_ids(out) == ["r0", "r1", "r2"]
     assert [held(s, r.request_id) for r in reqs] == [3, 3, 3, 0]
     assert reqs[3].status is RequestStatus.WAITING
     now = 1.0
@@ -87,9 +58,9 @@ def test_reserve_holds_prompt_plus_limit_and_never_preempts() -> None:
 def test_optimistic_preempts_on_the_same_workload_reserve_never_does() -> None:
     """The contrast to the test above: optimistic admits all four and must preempt later."""
     s = kv_sched(block_size=4, num_blocks=10, admission="optimistic", watermark=0.0)
-    reqs = [add(s, f"r{i}", 6, 6) for i in range(4)]
+    reqs = [add(s, f"r{i}", 0.0, 6, 6) for i in range(4)]
     out = step(s, 0.0)
-    assert ids(out) == ["r0", "r1", "r2", "r3"]
+    assert scheduled_ids(out) == ["r0", "r1", "r2", "r3"]
     assert [held(s, r.request_id) for r in reqs] == [2, 2, 2, 2]  # prompt blocks only
     run_to_end(s, 1.0)
     assert s.stats.num_preemptions > 0
@@ -99,11 +70,11 @@ def test_optimistic_preempts_on_the_same_workload_reserve_never_does() -> None:
 # -- optimistic ---------------------------------------------------------------------------------
 def test_optimistic_admits_on_the_first_chunk_above_the_watermark() -> None:
     s = kv_sched(block_size=4, num_blocks=10, watermark=0.2)  # keeps 2 blocks free
-    a = add(s, "a", 12, 4)  # first chunk: 3 blocks -> 7 free
-    b = add(s, "b", 20, 4)  # 5 blocks -> 2 free == watermark: admitted
-    c = add(s, "c", 4, 4)  # 1 block would leave 1 < 2: refused, strict order
+    a = add(s, "a", 0.0, 12, 4)  # first chunk: 3 blocks -> 7 free
+    b = add(s, "b", 0.0, 20, 4)  # 5 blocks -> 2 free == watermark: admitted
+    c = add(s, "c", 0.0, 4, 4)  # 1 block would leave 1 < 2: refused, strict order
     out = step(s, 0.0)
-    assert ids(out) == ["a", "b"]
+    assert scheduled_ids(out) == ["a", "b"]
     assert (held(s, "a"), held(s, "b"), held(s, "c")) == (3, 5, 0)  # not prompt + limit
     assert c.status is RequestStatus.WAITING
     run_to_end(s, 1.0)
@@ -112,7 +83,7 @@ def test_optimistic_admits_on_the_first_chunk_above_the_watermark() -> None:
 
 def test_optimistic_holds_only_the_first_chunk_of_a_long_prompt() -> None:
     s = kv_sched(budget=8, block_size=4, num_blocks=10, watermark=0.0)
-    a = add(s, "a", 30, 2)  # 32 tokens at full length = 8 blocks
+    a = add(s, "a", 0.0, 30, 2)  # 32 tokens at full length = 8 blocks
     out = step(s, 0.0)
     assert out.chunks[0].num_new_tokens == 8 and held(s, "a") == 2
     step(s, 1.0)
@@ -125,9 +96,9 @@ def _pressure() -> tuple[ContinuousScheduler, dict[str, Request]]:
     """a, b, c decode in 6 blocks of 2 tokens; at t=3 a needs its third block and the pool is
     full. d waits (max_num_seqs=3)."""
     s = kv_sched(budget=32, max_num_seqs=3, block_size=2, num_blocks=6, watermark=0.0)
-    reqs = {rid: add(s, rid, 2, 4) for rid in "abcd"}
+    reqs = {rid: add(s, rid, 0.0, 2, 4) for rid in "abcd"}
     for t in range(3):
-        assert ids(step(s, float(t))) == ["a", "b", "c"]
+        assert scheduled_ids(step(s, float(t))) == ["a", "b", "c"]
     return s, reqs
 
 
@@ -139,7 +110,7 @@ def test_optimistic_preempts_the_newest_by_recompute() -> None:
     assert len(c_blocks) == 2 and r["c"].num_computed_tokens == 4 and kv.num_free_blocks == 0
     out = s.schedule(3.0)
     assert out.preempted_ids == ("c",) and out.swapped_out == ()
-    assert ids(out) == ["a", "b"]  # d not admitted in a step that preempted, though a seat is free
+    assert scheduled_ids(out) == ["a", "b"]  # d not admitted in a step that preempted, though a seat is free
     assert held(s, "c") == 0  # freed in this very step ...
     assert {kv.block_table("a")[2], kv.block_table("b")[2]} == set(c_blocks)  # ... and reused by a, b
     assert r["c"].status is RequestStatus.PREEMPTED and r["c"].num_computed_tokens == 0
@@ -164,13 +135,13 @@ def test_optimistic_preempts_the_newest_by_recompute() -> None:
 
 def test_requester_that_is_the_newest_preempts_itself() -> None:
     s = kv_sched(budget=32, block_size=2, num_blocks=4, watermark=0.0)
-    a = add(s, "a", 4, 3)  # 2 blocks, 3 at its 5th position
-    b = add(s, "b", 1, 4)  # 1 block; its decode of position 2 needs a 2nd block
+    a = add(s, "a", 0.0, 4, 3)  # 2 blocks, 3 at its 5th position
+    b = add(s, "b", 0.0, 1, 4)  # 1 block; its decode of position 2 needs a 2nd block
     step(s, 0.0)
     step(s, 1.0)
     assert (held(s, "a"), held(s, "b")) == (3, 1)
     out = s.schedule(2.0)
-    assert out.preempted_ids == ("b",) and ids(out) == ["a"]  # b, the newest, yields its own step
+    assert out.preempted_ids == ("b",) and scheduled_ids(out) == ["a"]  # b, the newest, yields its own step
     assert held(s, "b") == 0 and b.num_computed_tokens == 0 and b.status is RequestStatus.PREEMPTED
     s.update(out, sampled(out), 3.0)
     check_invariants(s)
@@ -187,7 +158,7 @@ def test_estimate_admits_fewer_than_optimistic_when_the_ratio_is_high(admission:
     # 1 + 3 blocks beside the 3k already promised, 20 - k - 4 - 3k >= 0 holds for k <= 4.
     s = kv_sched(block_size=4, num_blocks=20, admission=admission, watermark=0.0, estimate_init_ratio=0.7)
     for i in range(8):
-        add(s, f"r{i}", 4, 16)
+        add(s, f"r{i}", 0.0, 4, 16)
     out = step(s, 0.0)
     assert len(out.chunks) == num_admitted
     run_to_end(s, 1.0)
@@ -199,7 +170,7 @@ def test_estimate_ratio_decays_per_step_to_its_floor() -> None:
         estimate_min_ratio=0.2,
     )  # fmt: skip
     assert s.memory is not None
-    add(s, "a", 4, 12)
+    add(s, "a", 0.0, 4, 12)
     ratios = []
     for t in range(8):
         step(s, float(t))
@@ -214,7 +185,7 @@ def test_estimate_ratio_rises_after_a_step_that_preempted() -> None:
     )  # fmt: skip
     assert s.memory is not None
     for rid in "abcd":
-        add(s, rid, 2, 4)
+        add(s, rid, 0.0, 2, 4)
     for t in range(3):  # ratio 0: admits like optimistic (the _pressure scenario)
         step(s, float(t))
         assert s.memory.ratio == 0.0
@@ -232,7 +203,7 @@ def test_estimate_ratio_is_capped_at_one() -> None:
     )  # fmt: skip
     assert s.memory is not None
     for rid in "abcd":
-        add(s, rid, 2, 4)
+        add(s, rid, 0.0, 2, 4)
     run_to_end(s, 0.0)
     assert s.stats.num_preemptions >= 1 and s.memory.ratio == 1.0
 
@@ -240,9 +211,10 @@ def test_estimate_ratio_is_capped_at_one() -> None:
 # -- never fit ----------------------------------------------------------------------------------
 def test_request_that_never_fits_the_cache_is_rejected_at_once() -> None:
     s = kv_sched(block_size=4, num_blocks=4)  # 16 tokens
-    fits = add(s, "fits", 10, 6)  # exactly 16
+    fits = add(s, "fits", 0.0, 10, 6)  # exactly 16
     big = Request("big", 0.0, 10, 7)  # 17 tokens = 5 blocks
-    assert s.add_request(big, 0.5) is False
+    decision = s.add_request(big, 0.5)
+    assert not decision.queued and decision.reject_kind == "kv_capacity" and decision.reason == big.finish_detail
     check_invariants(s)
     assert big.status is RequestStatus.FINISHED and big.finish_reason is FinishReason.REJECTED
     assert "blocks" in big.finish_detail and "5" in big.finish_detail and "4" in big.finish_detail
@@ -257,7 +229,7 @@ def test_request_that_never_fits_the_cache_is_rejected_at_once() -> None:
 @pytest.mark.parametrize("admission", ["reserve", "optimistic", "estimate"])
 def test_never_fit_rejection_is_the_same_in_every_admission_mode(admission: str) -> None:
     s = kv_sched(block_size=4, num_blocks=4, admission=admission, watermark=0.0)
-    big = add(s, "big", 1, 16)  # 17 tokens
+    big = add(s, "big", 0.0, 1, 16)  # 17 tokens
     assert big.finish_reason is FinishReason.REJECTED and "KV blocks" in big.finish_detail
     assert s.stats.rejections == {"kv_capacity": 1}
 
@@ -266,8 +238,8 @@ def test_max_model_len_is_checked_before_kv_capacity() -> None:
     s = ContinuousScheduler(
         SchedulerConfig(max_num_batched_tokens=64, max_model_len=12, kv=KVConfig(block_size=4, num_blocks=2))
     )
-    both = add(s, "both", 10, 6)  # over max_model_len and over the cache
-    kv_only = add(s, "kv", 5, 5)  # 10 <= 12 tokens, but 3 blocks > 2
+    both = add(s, "both", 0.0, 10, 6)  # over max_model_len and over the cache
+    kv_only = add(s, "kv", 0.0, 5, 5)  # 10 <= 12 tokens, but 3 blocks > 2
     assert both.finish_reason is FinishReason.REJECTED and "max_model_len" in both.finish_detail
     assert kv_only.finish_reason is FinishReason.REJECTED and "blocks" in kv_only.finish_detail
     assert s.stats.rejections == {"max_model_len": 1, "kv_capacity": 1}
@@ -277,8 +249,8 @@ def test_prompt_over_the_token_budget_without_chunking_is_rejected() -> None:
     s = ContinuousScheduler(
         SchedulerConfig(max_num_batched_tokens=8, chunked_prefill=False, kv=KVConfig(block_size=4, num_blocks=8))
     )
-    big = add(s, "big", 9, 1)
-    ok = add(s, "ok", 8, 2)
+    big = add(s, "big", 0.0, 9, 1)
+    ok = add(s, "ok", 0.0, 8, 2)
     assert big.finish_reason is FinishReason.REJECTED and "token budget" in big.finish_detail
     assert s.stats.rejections == {"token_budget": 1}
     run_to_end(s, 0.0)
@@ -290,11 +262,11 @@ def test_prompt_over_the_token_budget_without_chunking_is_rejected() -> None:
 # rounding; fixed by admitting a request that would run alone without those margins.)
 def test_lone_request_that_fits_the_pool_but_not_the_watermark_runs() -> None:
     s = kv_sched(block_size=4, num_blocks=10, watermark=0.1)  # keeps 1 block free
-    a = add(s, "a", 38, 2)  # 40 tokens = 10 blocks: fits; its 38-token first chunk needs all 10
-    b = add(s, "b", 4, 2)
+    a = add(s, "a", 0.0, 38, 2)  # 40 tokens = 10 blocks: fits; its 38-token first chunk needs all 10
+    b = add(s, "b", 0.0, 4, 2)
     assert a.status is RequestStatus.WAITING  # not rejected up front ...
     out = step(s, 0.0)
-    assert ids(out) == ["a"]  # ... and admitted alone, below the watermark; b waits behind it
+    assert scheduled_ids(out) == ["a"]  # ... and admitted alone, below the watermark; b waits behind it
     assert held(s, "a") == 10
     run_to_end(s, 1.0)
     assert a.finish_reason is FinishReason.LENGTH and b.finish_reason is FinishReason.LENGTH
@@ -302,11 +274,11 @@ def test_lone_request_that_fits_the_pool_but_not_the_watermark_runs() -> None:
 
 def test_the_watermark_still_applies_beside_a_running_request() -> None:
     s = kv_sched(block_size=4, num_blocks=10, watermark=0.2)  # keeps 2 blocks free
-    add(s, "a", 4, 2)
+    add(s, "a", 0.0, 4, 2)
     step(s, 0.0)
-    b = add(s, "b", 24, 2, now=1.0)  # a grows to 2 blocks at t=1; b's 6 leave 2 free: admitted
-    c = add(s, "c", 4, 2, now=1.0)  # 1 block would leave 1 < 2: it waits
-    assert ids(step(s, 1.0)) == ["a", "b"]
+    b = add(s, "b", 1.0, 24, 2)  # a grows to 2 blocks at t=1; b's 6 leave 2 free: admitted
+    c = add(s, "c", 1.0, 4, 2)  # 1 block would leave 1 < 2: it waits
+    assert scheduled_ids(step(s, 1.0)) == ["a", "b"]
     assert c.status is RequestStatus.WAITING
     run_to_end(s, 2.0)
     assert b.finish_reason is FinishReason.LENGTH and c.finish_reason is FinishReason.LENGTH
@@ -314,8 +286,8 @@ def test_the_watermark_still_applies_beside_a_running_request() -> None:
 
 def test_estimate_admits_a_lone_request_that_fits_the_pool() -> None:
     s = kv_sched(block_size=4, num_blocks=2, admission="estimate", watermark=0.0)
-    a = add(s, "a", 5, 3)  # 8 tokens = 2 blocks: fits; estimate wants 2 + blocks(round(0.7 * 3)) = 3
+    a = add(s, "a", 0.0, 5, 3)  # 8 tokens = 2 blocks: fits; estimate wants 2 + blocks(round(0.7 * 3)) = 3
     out = step(s, 0.0)
-    assert ids(out) == ["a"]
+    assert scheduled_ids(out) == ["a"]
     run_to_end(s, 1.0)
     assert a.finish_reason is FinishReason.LENGTH

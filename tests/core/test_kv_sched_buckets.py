@@ -14,14 +14,11 @@ from contbatch.core import (
     Request,
     SchedulerConfig,
     SchedulerOutput,
-    StepResult,
     check_invariants,
 )
 from contbatch.core.config import KVConfig
 
-
-def result(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
+from .drive import run_to_end, sampled
 
 
 def make(buckets: tuple[int, ...], budget: int = 32) -> ContinuousScheduler:
@@ -32,14 +29,7 @@ def make(buckets: tuple[int, ...], budget: int = 32) -> ContinuousScheduler:
 def run(s: ContinuousScheduler, requests: list[Request]) -> list[SchedulerOutput]:
     for r in requests:
         s.add_request(r, 0.0)
-    outs, now = [], 0.0
-    while s.has_unfinished():
-        out = s.schedule(now)
-        s.update(out, result(out), now + 1.0)
-        check_invariants(s)
-        outs.append(out)
-        now += 1.0
-    return outs
+    return run_to_end(s, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -90,5 +80,5 @@ def test_padding_takes_no_kv_blocks() -> None:
     out = s.schedule(0.0)
     assert out.num_padding_tokens == 15
     assert s.memory is not None and s.memory.kv.num_used_blocks == 1
-    s.update(out, result(out), 1.0)
+    s.update(out, sampled(out), 1.0)
     check_invariants(s)

@@ -21,7 +21,7 @@ from contbatch.core import (
 )
 from contbatch.core.config import KVConfig
 
-from .drive import step
+from .drive import run_to_end, step
 
 BIG_KV = KVConfig(block_size=4, num_blocks=64, watermark=0.0)
 
@@ -41,12 +41,6 @@ def drive(s: ContinuousScheduler, arrivals: list[Request], steps: int) -> list[S
     return outs
 
 
-def finish(s: ContinuousScheduler, now: float) -> None:
-    while s.has_unfinished():
-        assert not step(s, now).is_empty
-        now += 1.0
-
-
 # -- max_prefill_tokens_per_request ---------------------------------------------------------------
 def test_prefill_chunks_are_capped_per_request() -> None:
     s = ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=16, max_prefill_tokens_per_request=4, kv=BIG_KV))
@@ -60,7 +54,7 @@ def test_prefill_chunks_are_capped_per_request() -> None:
     ]
     assert outs[2].chunks[0].samples and not outs[1].chunks[0].samples
     assert s.memory is not None and s.memory.kv.num_held_blocks("a") == 3  # 11 computed
-    finish(s, 4.0)
+    run_to_end(s, 4.0)
     assert a.finish_reason is FinishReason.LENGTH and a.num_output_tokens == 3
 
 
@@ -82,7 +76,7 @@ def _partials(skip_blocked: bool) -> tuple[ContinuousScheduler, list[SchedulerOu
     s = ContinuousScheduler(config)
     reqs = [Request("a", 0.0, 10, 2), Request("b", 0.0, 10, 2), Request("c", 0.0, 2, 2)]
     outs = drive(s, reqs, 4)
-    finish(s, 4.0)
+    run_to_end(s, 4.0)
     assert all(r.finish_reason is FinishReason.LENGTH for r in reqs)
     return s, outs
 
@@ -133,7 +127,7 @@ def test_prefill_first_versus_decodes_first(prefill_first: bool) -> None:
             [("d", 3, 1), ("p", 14, 6)],
             [("d", 4, 1), ("p", 20, 1)],
         ]
-    finish(s, 5.0)
+    run_to_end(s, 5.0)
 
 
 def test_prefill_first_puts_running_partial_prefills_before_decodes() -> None:
@@ -145,7 +139,7 @@ def test_prefill_first_puts_running_partial_prefills_before_decodes() -> None:
     assert outs[1] == [("p", 0, 3), ("d", 1, 1)]
     # running prefill p, then the admitted prefill q, then the decode d with what is left
     assert outs[2] == [("p", 3, 3), ("q", 0, 2), ("d", 2, 1)]
-    finish(s, 3.0)
+    run_to_end(s, 3.0)
 
 
 # -- skip_blocked / max_skip_age, blocked by memory ---------------------------------------------
@@ -171,7 +165,7 @@ def test_skip_blocked_and_max_skip_age_with_a_memory_blocked_head(
     x, big = Request("x", 0.0, 8, 8), Request("big", 1.0, 12, 4)
     small, small2 = Request("s", 1.0, 4, 1), Request("s2", 3.0, 4, 1)
     drive(s, [x, big, small, small2], 9)
-    finish(s, 9.0)
+    run_to_end(s, 9.0)
     assert x.timeline.finished_ts == 8.0
     assert small.timeline.scheduled_ts == [s_admitted]
     assert small2.timeline.scheduled_ts == [s2_admitted]
@@ -202,7 +196,7 @@ def test_prefill_first_admits_nobody_in_a_step_that_preempted() -> None:
     a = Request("a", 0.0, 4, 8)
     b = Request("b", 1.0, 12, 1)  # its 3 blocks fill the pool; a's decode of position 4 needs one
     outs = drive(s, [a, b], 2)  # t=1: b is admitted, then a's decode preempts b, the newest
-    finish(s, 2.0)
+    run_to_end(s, 2.0)
     assert a.finish_reason is FinishReason.LENGTH and b.finish_reason is FinishReason.LENGTH
     for t, out in enumerate(outs):
         if out.preempted_ids:
@@ -225,5 +219,5 @@ def test_prefill_first_with_drafts_gives_back_blocks_a_smaller_chunk_does_not_us
     trace = Trace("t", tuple(TraceRequest(f"r{i}", 0.0, 1, n, max_output_tokens=m) for i, (n, m) in enumerate(outputs)),
                   "tick", "regression")  # fmt: skip
     result = simulate(trace, ContinuousScheduler(config), UnitCost(8), acceptance_rate=0.0, skip_ahead=False,
-                      on_step=lambda s, out, now: check_invariants(s))  # fmt: skip
+                      inspect=lambda s, out, now: check_invariants(s))  # fmt: skip
     assert all(t.finish_reason is not None for t in result.timelines)

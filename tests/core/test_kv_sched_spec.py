@@ -16,33 +16,17 @@ from contbatch.core import (
     FinishReason,
     Request,
     SchedulerConfig,
-    SchedulerOutput,
     StepResult,
     check_invariants,
 )
 from contbatch.core.config import ConfigError, KVConfig
 
-
-def accept_all(out: SchedulerOutput) -> StepResult:
-    return StepResult(
-        sampled_token_ids={
-            c.request_id: (0,) * (1 if c.is_prefill else c.num_new_tokens) for c in out.chunks if c.samples
-        }
-    )
-
-
-def accept_none(out: SchedulerOutput) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples})
+from .drive import accept_all, accept_none, held
 
 
 def make(k: int = 3, budget: int = 32, block_size: int = 2, admission: str = "optimistic") -> ContinuousScheduler:
     kv = KVConfig(block_size=block_size, num_blocks=64, watermark=0.0, admission=admission)
     return ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=budget, num_speculative_tokens=k, kv=kv))
-
-
-def held(s: ContinuousScheduler, rid: str) -> int:
-    assert s.memory is not None
-    return s.memory.kv.num_held_blocks(rid)
 
 
 def test_all_drafts_accepted_commit_k_plus_one_tokens_a_step() -> None:

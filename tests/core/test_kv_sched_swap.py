@@ -17,18 +17,12 @@ from contbatch.core import (
     Request,
     RequestStatus,
     SchedulerConfig,
-    SchedulerOutput,
-    StepResult,
     check_invariants,
 )
 from contbatch.core.config import KVConfig
 from contbatch.sim.cost import AffineCost
 
-from .drive import sampled, step
-
-
-def ids(out: SchedulerOutput) -> list[str]:
-    return [c.request_id for c in out.chunks]
+from .drive import accept_all, sampled, scheduled_ids, step
 
 
 def _setup(num_host_blocks: int, preemption: str = "swap") -> tuple[ContinuousScheduler, Request, Request]:
@@ -38,7 +32,7 @@ def _setup(num_host_blocks: int, preemption: str = "swap") -> tuple[ContinuousSc
     for r in (a, b):
         s.add_request(r, 0.0)
     for t in range(3):
-        assert ids(step(s, float(t))) == ["a", "b"]
+        assert scheduled_ids(step(s, float(t))) == ["a", "b"]
     assert b.num_computed_tokens == 4 and b.num_output_tokens == 3
     return s, a, b
 
@@ -50,7 +44,7 @@ def test_swap_keeps_the_computed_tokens_and_moves_the_blocks() -> None:
     b_blocks = kv.block_table("b")
     assert len(b_blocks) == 2
     out = s.schedule(3.0)
-    assert out.preempted_ids == ("b",) and ids(out) == ["a"]
+    assert out.preempted_ids == ("b",) and scheduled_ids(out) == ["a"]
     assert out.swapped_out == (("b", b_blocks),) and out.swapped_in == ()
     assert out.num_swapped_blocks == 2
     assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 4  # kept
@@ -64,11 +58,11 @@ def test_swap_keeps_the_computed_tokens_and_moves_the_blocks() -> None:
     s.update(out, sampled(out), 4.0)
     check_invariants(s)
     # t=4: b needs 3 device blocks (its 2 plus one for position 4), only 1 is free
-    assert ids(step(s, 4.0)) == ["a"]
-    assert ids(step(s, 5.0)) == ["a"]  # a takes its 4th block and finishes
+    assert scheduled_ids(step(s, 4.0)) == ["a"]
+    assert scheduled_ids(step(s, 5.0)) == ["a"]  # a takes its 4th block and finishes
     assert a.finish_reason is FinishReason.LENGTH
     out = s.schedule(6.0)
-    assert ids(out) == ["b"] and out.swapped_out == ()
+    assert scheduled_ids(out) == ["b"] and out.swapped_out == ()
     ((rid, new_blocks),) = out.swapped_in
     assert rid == "b" and len(new_blocks) == 2
     assert kv.block_table("b")[:2] == new_blocks and kv.num_held_blocks("b") == 3
@@ -148,15 +142,6 @@ def test_affine_cost_prices_swapped_blocks_if_it_has_such_a_parameter() -> None:
 
 
 # -- known bugs ---------------------------------------------------------------------------------
-def _accept_all(out: SchedulerOutput) -> StepResult:
-    """Every speculative draft accepted: a decode chunk of n tokens yields n tokens."""
-    return StepResult(
-        sampled_token_ids={
-            c.request_id: (0,) * (1 if c.is_prefill else c.num_new_tokens) for c in out.chunks if c.samples
-        }
-    )
-
-
 def test_swapped_victim_moves_only_the_blocks_of_its_computed_tokens() -> None:
     # t=4: b (3 tokens), then c, priority 1, grows to 3 blocks for a 2-token speculative decode
     # from position 1, then d cannot grow and the lowest priority running request is c: c is
@@ -173,7 +158,7 @@ def test_swapped_victim_moves_only_the_blocks_of_its_computed_tokens() -> None:
         out = s.schedule(float(t))
         for rid, blocks in out.swapped_out:
             assert len(blocks) == s.memory.kv.num_blocks_for(reqs[rid].num_computed_tokens), (t, rid, blocks)
-        s.update(out, _accept_all(out), t + 1.0)
+        s.update(out, accept_all(out), t + 1.0)
         check_invariants(s)  # t=5: "'c' holds 3 blocks for 2 tokens"
         if not s.has_unfinished():
             break

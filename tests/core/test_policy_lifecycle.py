@@ -26,21 +26,7 @@ from contbatch.core import (
 )
 from contbatch.core.config import KVConfig, LifecycleConfig
 
-from .drive import sampled, step
-
-
-def add(s: SchedulerBase, rid: str, now: float, prompt: int, output: int, **kw: object) -> Request:
-    r = Request(rid, now, prompt, output, **kw)  # type: ignore[arg-type]
-    s.add_request(r, now)
-    check_invariants(s)
-    return r
-
-
-def held(s: SchedulerBase, rid: str) -> tuple[int, int]:
-    """(device, host) blocks held by `rid`."""
-    assert s.memory is not None
-    kv = s.memory.kv
-    return kv.num_held_blocks(rid), kv.num_held_host_blocks(rid)
+from .drive import add, held_device_host, sampled, step
 
 
 def config(**lifecycle: object) -> SchedulerConfig:
@@ -78,10 +64,10 @@ def test_ttft_timeout_ends_a_running_request_mid_prefill_and_frees_its_kv() -> N
     long = add(s, "long", 0.0, 30, 2)  # 4 steps of 8 prompt tokens before its first token
     step(s, 0.0)
     step(s, 1.0)
-    assert long.status is RequestStatus.RUNNING and held(s, "long") == (8, 0)
+    assert long.status is RequestStatus.RUNNING and held_device_host(s, "long") == (8, 0)
     out = s.schedule(2.0)
     assert long.finish_reason is FinishReason.TIMEOUT and "ttft_timeout" in long.finish_detail
-    assert held(s, "long") == (0, 0) and s.memory is not None and s.memory.kv.num_used_blocks == 0
+    assert held_device_host(s, "long") == (0, 0) and s.memory is not None and s.memory.kv.num_used_blocks == 0
     assert out.is_empty and out.finished_ids == ("long",)
     assert long.timeline.scheduled_ts == [0.0] and long.timeline.finished_ts == 2.0
 
@@ -99,13 +85,13 @@ def test_request_timeout_ends_a_running_request_keeping_its_partial_output() -> 
     r = add(s, "r", 0.0, 3, 10)
     for t in (0.0, 1.0, 2.0):
         step(s, t)
-    assert r.num_output_tokens == 3 and held(s, "r") == (3, 0)
+    assert r.num_output_tokens == 3 and held_device_host(s, "r") == (3, 0)
     assert s.next_timer() == 3.0
     s.ack("r", 3, 3.0)  # the client took everything: nothing is wasted
     out = s.schedule(3.0)
     assert r.finish_reason is FinishReason.TIMEOUT and "request_timeout" in r.finish_detail
     assert r.timeline.finished_ts == 3.0 and r.timeline.token_ts == [1.0, 2.0, 3.0]
-    assert held(s, "r") == (0, 0) and out.is_empty and s.stats.num_unsent_tokens == 0
+    assert held_device_host(s, "r") == (0, 0) and out.is_empty and s.stats.num_unsent_tokens == 0
 
 
 def test_request_timeout_counts_unread_tokens_as_unsent() -> None:
@@ -187,7 +173,7 @@ def test_max_waiting_rejects_with_queue_full_beyond_the_free_seats() -> None:
 # -- cancel at any moment ------------------------------------------------------------------------
 def check_cancelled(s: SchedulerBase, r: Request, now: float, num_tokens: int) -> None:
     assert s.cancel(r.request_id, now)
-    assert held(s, r.request_id) == (0, 0) and r.kv_capacity == 0
+    assert held_device_host(s, r.request_id) == (0, 0) and r.kv_capacity == 0
     assert r.finish_reason is FinishReason.CANCELLED and r.timeline.finished_ts == now
     assert r.timeline.num_output_tokens == num_tokens == r.num_output_tokens
     assert r not in s.running and r not in list(s.waiting) and r.request_id not in s.requests
@@ -204,7 +190,7 @@ def test_cancel_waiting_running_and_mid_prefill_frees_blocks_at_once() -> None:
     wait = add(s, "wait", 0.0, 2, 2)
     step(s, 0.0)
     step(s, 1.0)
-    assert dec.num_output_tokens == 2 and held(s, "dec")[0] == 2
+    assert dec.num_output_tokens == 2 and held_device_host(s, "dec")[0] == 2
     assert pre.status is RequestStatus.RUNNING and 0 < pre.num_computed_tokens < 20
     assert wait.status is RequestStatus.WAITING  # the budget went to dec and pre's chunks
     check_cancelled(s, pre, 2.5, 0)
@@ -219,7 +205,7 @@ def test_cancel_while_its_step_runs_frees_blocks_and_drops_the_steps_tokens() ->
     r = add(s, "r", 0.0, 2, 9)
     step(s, 0.0)
     out = s.schedule(1.0)
-    assert [c.request_id for c in out.chunks] == ["r"] and held(s, "r")[0] == 2
+    assert [c.request_id for c in out.chunks] == ["r"] and held_device_host(s, "r")[0] == 2
     s.ack("r", 1, 1.0)
     check_cancelled(s, r, 1.5, 1)
     s.update(out, sampled(out), 2.0)
@@ -237,7 +223,7 @@ def test_cancel_a_preempted_request_frees_its_device_and_host_blocks(preemption:
     step(s, 0.0)  # 6 blocks used
     out = step(s, 1.0)  # a grows: b (newest) is preempted
     assert out.preempted_ids == ("b",) and b.status is RequestStatus.PREEMPTED
-    assert held(s, "b") == ((0, 3) if preemption == "swap" else (0, 0))
+    assert held_device_host(s, "b") == ((0, 3) if preemption == "swap" else (0, 0))
     check_cancelled(s, b, 1.5, 1)
     assert s.memory is not None and s.memory.kv.num_free_host_blocks == s.memory.kv.num_host_blocks
     while s.has_unfinished():
@@ -272,7 +258,7 @@ def test_max_pause_cancel_ends_a_paused_request_with_timeout() -> None:
     step(s, 2.0)
     s.schedule(3.0)
     assert r.finish_reason is FinishReason.TIMEOUT and "max_pause" in r.finish_detail
-    assert s.stats.num_unsent_tokens == 1 and s.stats.paused_time == 2.0 and held(s, "r") == (0, 0)
+    assert s.stats.num_unsent_tokens == 1 and s.stats.paused_time == 2.0 and held_device_host(s, "r") == (0, 0)
 
 
 def test_max_pause_preempt_frees_the_kv_and_readmits_after_a_read() -> None:
@@ -282,7 +268,7 @@ def test_max_pause_preempt_frees_the_kv_and_readmits_after_a_read() -> None:
     step(s, 1.0)
     out = step(s, 3.0)
     assert out.preempted_ids == ("r",) and out.is_empty and r.status is RequestStatus.PREEMPTED
-    assert s.stats.num_pause_preemptions == 1 and held(s, "r") == (0, 0)
+    assert s.stats.num_pause_preemptions == 1 and held_device_host(s, "r") == (0, 0)
     out = step(s, 4.0)  # no credit: skipped in the queue
     assert out.is_empty and r.status is RequestStatus.PREEMPTED
     s.ack("r", 1, 5.0)
@@ -305,11 +291,11 @@ def test_a_pause_preemption_by_swap_keeps_a_reserved_request_whole() -> None:
     )
     r = add(s, "r", 0.0, 2, 3)
     step(s, 0.0)
-    assert held(s, "r") == (5, 0)  # the whole reservation: 2 prompt + 3 output tokens
+    assert held_device_host(s, "r") == (5, 0)  # the whole reservation: 2 prompt + 3 output tokens
     step(s, 1.0)  # paused: its client has not read its token
     out = step(s, 2.0)
     assert out.preempted_ids == ("r",) and s.stats.num_pause_preemptions == 1
-    assert held(s, "r")[0] == 0 and r.status is RequestStatus.PREEMPTED
+    assert held_device_host(s, "r")[0] == 0 and r.status is RequestStatus.PREEMPTED
     s.ack("r", 1, 3.0)
     now = 3.0
     while s.has_unfinished():  # check_invariants after every step: a running reserved request holds 5

@@ -15,32 +15,12 @@ import pytest
 from contbatch.core import (
     ContinuousScheduler,
     FinishReason,
-    Request,
     RequestStatus,
-    SchedulerBase,
     SchedulerConfig,
-    SchedulerOutput,
-    check_invariants,
 )
 from contbatch.core.config import KVConfig, TenantConfig
 
-from .drive import step
-
-
-def add(s: SchedulerBase, rid: str, now: float, prompt: int, output: int, **kw: object) -> Request:
-    r = Request(rid, now, prompt, output, **kw)  # type: ignore[arg-type]
-    assert s.add_request(r, now)
-    check_invariants(s)
-    return r
-
-
-def run_ids(out: SchedulerOutput) -> list[str]:
-    return [c.request_id for c in out.chunks]
-
-
-def held(s: SchedulerBase, rid: str) -> int:
-    assert s.memory is not None
-    return s.memory.kv.num_held_blocks(rid)
+from .drive import admit, held, scheduled_ids, step
 
 
 def kv(num_blocks: int, block_size: int = 1) -> KVConfig:
@@ -55,15 +35,15 @@ def test_waiting_request_beating_a_running_one_by_the_threshold_preempts_it(with
         max_num_batched_tokens=16, max_num_seqs=1, priority_preemption=2, kv=kv(64) if with_kv else None
     )
     s = ContinuousScheduler(config)
-    lo = add(s, "lo", 0.0, 3, 10, priority=5)
+    lo = admit(s, "lo", 0.0, 3, 10, priority=5)
     step(s, 0.0)
     step(s, 1.0)
     assert lo.status is RequestStatus.RUNNING and lo.num_output_tokens == 2
     if with_kv:
         assert held(s, "lo") == 4
-    hi = add(s, "hi", 2.0, 2, 2, priority=5 - gap)
+    hi = admit(s, "hi", 2.0, 2, 2, priority=5 - gap)
     out = step(s, 2.0)
-    assert out.preempted_ids == ("lo",) and run_ids(out) == ["hi"]
+    assert out.preempted_ids == ("lo",) and scheduled_ids(out) == ["hi"]
     assert s.stats.num_priority_preemptions == 1
     assert lo.status is RequestStatus.PREEMPTED and lo in list(s.waiting) and lo not in s.running
     assert lo.timeline.preempted_ts == [2.0] and lo.num_computed_tokens == 0
@@ -85,12 +65,12 @@ def test_below_the_threshold_nothing_is_preempted(with_kv: bool) -> None:
         max_num_batched_tokens=16, max_num_seqs=1, priority_preemption=3, kv=kv(64) if with_kv else None
     )
     s = ContinuousScheduler(config)
-    lo = add(s, "lo", 0.0, 3, 4, priority=5)
+    lo = admit(s, "lo", 0.0, 3, 4, priority=5)
     step(s, 0.0)
-    hi = add(s, "hi", 1.0, 2, 2, priority=3)  # better by 2 < 3
+    hi = admit(s, "hi", 1.0, 2, 2, priority=3)  # better by 2 < 3
     for t in (1.0, 2.0, 3.0):
         out = step(s, t)
-        assert run_ids(out) == ["lo"] and not out.preempted_ids
+        assert scheduled_ids(out) == ["lo"] and not out.preempted_ids
     assert lo.finish_reason is FinishReason.LENGTH and hi.status is RequestStatus.WAITING
     assert s.stats.num_priority_preemptions == 0 and s.stats.num_preemptions == 0
 
@@ -100,26 +80,26 @@ def test_equal_priority_never_preempts_and_no_threshold_means_no_preemption() ->
         s = ContinuousScheduler(
             SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=1, priority_preemption=threshold)
         )
-        add(s, "lo", 0.0, 3, 4, priority=5)
+        admit(s, "lo", 0.0, 3, 4, priority=5)
         step(s, 0.0)
-        add(s, "hi", 1.0, 2, 2, priority=priority)
+        admit(s, "hi", 1.0, 2, 2, priority=priority)
         out = step(s, 1.0)
-        assert run_ids(out) == ["lo"] and s.stats.num_priority_preemptions == 0
+        assert scheduled_ids(out) == ["lo"] and s.stats.num_priority_preemptions == 0
 
 
 def test_the_victim_is_the_lowest_priority_running_request_newest_on_ties() -> None:
     config = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=3, priority_preemption=1)
     s = ContinuousScheduler(config)
-    add(s, "p3-old", 0.0, 1, 10, priority=3)
-    add(s, "p4-old", 0.0, 1, 10, priority=4)
-    add(s, "p4-new", 0.0, 1, 10, priority=4)
+    admit(s, "p3-old", 0.0, 1, 10, priority=3)
+    admit(s, "p4-old", 0.0, 1, 10, priority=4)
+    admit(s, "p4-new", 0.0, 1, 10, priority=4)
     step(s, 0.0)
-    add(s, "a", 1.0, 1, 5, priority=0)
-    add(s, "b", 1.0, 1, 5, priority=0)
+    admit(s, "a", 1.0, 1, 5, priority=0)
+    admit(s, "b", 1.0, 1, 5, priority=0)
     out = step(s, 1.0)
     # a takes p4-new's seat, b takes p4-old's; p3-old (better than both 4s) keeps running
     assert out.preempted_ids == ("p4-new", "p4-old") and s.stats.num_priority_preemptions == 2
-    assert sorted(run_ids(out)) == ["a", "b", "p3-old"]
+    assert sorted(scheduled_ids(out)) == ["a", "b", "p3-old"]
     # preempted requests go back after the candidate iteration, in preemption order at the front
     assert [r.request_id for r in s.waiting] == ["p4-old", "p4-new"]
 
@@ -128,15 +108,15 @@ def test_priority_preemption_frees_kv_for_a_request_that_does_not_fit() -> None:
     # seats are plenty; the pool (12 one-token blocks) is the limit
     config = SchedulerConfig(max_num_batched_tokens=32, priority_preemption=2, kv=kv(12))
     s = ContinuousScheduler(config)
-    lo = add(s, "lo", 0.0, 8, 2, priority=4)
-    keep = add(s, "keep", 0.0, 2, 4, priority=3)
+    lo = admit(s, "lo", 0.0, 8, 2, priority=4)
+    keep = admit(s, "keep", 0.0, 2, 4, priority=3)
     step(s, 0.0)
     assert held(s, "lo") == 8 and held(s, "keep") == 2
-    hi = add(s, "hi", 1.0, 6, 2, priority=1)  # needs 6 blocks, 2 are free
+    hi = admit(s, "hi", 1.0, 6, 2, priority=1)  # needs 6 blocks, 2 are free
     out = step(s, 1.0)
     assert out.preempted_ids == ("lo",) and s.stats.num_priority_preemptions == 1
     assert held(s, "lo") == 0 and lo.status is RequestStatus.PREEMPTED and lo.kv_capacity == 0
-    assert "hi" in run_ids(out) and held(s, "hi") == 6 and hi.status is RequestStatus.RUNNING
+    assert "hi" in scheduled_ids(out) and held(s, "hi") == 6 and hi.status is RequestStatus.RUNNING
     # keep (3 - 1 >= 2) could be a victim too, but lo is the lowest priority and freeing it is enough
     assert keep.status is RequestStatus.RUNNING
     now = 2.0
@@ -154,12 +134,12 @@ def test_a_refused_admission_preempts_nobody() -> None:
     # keep running (it used to be preempted for nothing: its KV dropped, its step refunded).
     config = SchedulerConfig(max_num_batched_tokens=32, priority_preemption=1, kv=kv(10))
     s = ContinuousScheduler(config)
-    add(s, "keep", 0.0, 6, 3, priority=0)
-    lo = add(s, "lo", 0.0, 2, 3, priority=5)
+    admit(s, "keep", 0.0, 6, 3, priority=0)
+    lo = admit(s, "lo", 0.0, 2, 3, priority=5)
     step(s, 0.0)
-    add(s, "hi", 1.0, 5, 1, priority=0)
+    admit(s, "hi", 1.0, 5, 1, priority=0)
     out = step(s, 1.0)
-    assert "hi" not in run_ids(out)
+    assert "hi" not in scheduled_ids(out)
     assert not out.preempted_ids and lo.status is RequestStatus.RUNNING
     assert s.stats.num_priority_preemptions == 0
 
@@ -170,14 +150,14 @@ def test_only_as_many_victims_as_needed_are_preempted() -> None:
     # enough, so lo-b keeps running.
     config = SchedulerConfig(max_num_batched_tokens=32, priority_preemption=1, kv=kv(12))
     s = ContinuousScheduler(config)
-    add(s, "keep", 0.0, 2, 4, priority=0)
-    lo_a = add(s, "lo-a", 0.0, 3, 4, priority=5)
-    lo_b = add(s, "lo-b", 0.0, 3, 4, priority=4)
+    admit(s, "keep", 0.0, 2, 4, priority=0)
+    lo_a = admit(s, "lo-a", 0.0, 3, 4, priority=5)
+    lo_b = admit(s, "lo-b", 0.0, 3, 4, priority=4)
     step(s, 0.0)
-    add(s, "hi", 1.0, 4, 1, priority=0)
+    admit(s, "hi", 1.0, 4, 1, priority=0)
     out = step(s, 1.0)
     assert out.preempted_ids == ("lo-a",) and s.stats.num_priority_preemptions == 1
-    assert "hi" in run_ids(out) and lo_b.status is RequestStatus.RUNNING
+    assert "hi" in scheduled_ids(out) and lo_b.status is RequestStatus.RUNNING
     assert lo_a.status is RequestStatus.PREEMPTED and held(s, "lo-a") == 0
 
 
@@ -186,17 +166,17 @@ def test_only_as_many_victims_as_needed_are_preempted() -> None:
 def test_tenant_at_max_running_waits_while_another_tenant_behind_it_is_admitted(queue_order: str) -> None:
     config = SchedulerConfig(max_num_batched_tokens=32, queue_order=queue_order, tenants=TenantConfig(max_running=1))
     s = ContinuousScheduler(config)
-    a0 = add(s, "a0", 0.0, 2, 3, tenant="a")
+    a0 = admit(s, "a0", 0.0, 2, 3, tenant="a")
     step(s, 0.0)
-    a1 = add(s, "a1", 1.0, 2, 3, tenant="a")
-    b0 = add(s, "b0", 2.0, 2, 3, tenant="b")
+    a1 = admit(s, "a1", 1.0, 2, 3, tenant="a")
+    b0 = admit(s, "b0", 2.0, 2, 3, tenant="b")
     out = step(s, 2.0)
-    assert run_ids(out) == ["a0", "b0"]  # a1 is ahead of b0 in the queue, but a is at its quota
+    assert scheduled_ids(out) == ["a0", "b0"]  # a1 is ahead of b0 in the queue, but a is at its quota
     assert a1.status is RequestStatus.WAITING and [r.request_id for r in s.waiting] == ["a1"]
     out = step(s, 3.0)  # a0 finishes in this step (its third token)
     assert a0.finish_reason is FinishReason.LENGTH and a1.status is RequestStatus.WAITING
     out = step(s, 4.0)
-    assert "a1" in run_ids(out) and a1.timeline.scheduled_ts == [4.0]
+    assert "a1" in scheduled_ids(out) and a1.timeline.scheduled_ts == [4.0]
     assert b0.timeline.scheduled_ts == [2.0]
 
 
@@ -204,9 +184,9 @@ def test_max_running_also_counts_admissions_of_the_same_step() -> None:
     config = SchedulerConfig(max_num_batched_tokens=32, tenants=TenantConfig(max_running=2))
     s = ContinuousScheduler(config)
     for rid, tenant in (("a0", "a"), ("a1", "a"), ("a2", "a"), ("b0", "b"), ("n0", None), ("n1", None)):
-        add(s, rid, 0.0, 1, 2, tenant=tenant)
+        admit(s, rid, 0.0, 1, 2, tenant=tenant)
     out = step(s, 0.0)
-    assert run_ids(out) == ["a0", "a1", "b0", "n0", "n1"]  # no tenant counts as one tenant too
+    assert scheduled_ids(out) == ["a0", "a1", "b0", "n0", "n1"]  # no tenant counts as one tenant too
     assert [r.request_id for r in s.waiting] == ["a2"]
 
 
@@ -215,14 +195,14 @@ def test_tenant_at_max_kv_blocks_waits_while_another_tenant_behind_it_is_admitte
     # positions, so in step 1 (decoding position 7) too; a1 needs 2 more, a-small 1
     config = SchedulerConfig(max_num_batched_tokens=64, kv=kv(64, 4), tenants=TenantConfig(max_kv_blocks=3))
     s = ContinuousScheduler(config)
-    a0 = add(s, "a0", 0.0, 7, 4, tenant="a")
+    a0 = admit(s, "a0", 0.0, 7, 4, tenant="a")
     step(s, 0.0)
     assert held(s, "a0") == 2
-    a1 = add(s, "a1", 1.0, 5, 2, tenant="a")
-    small = add(s, "a-small", 1.0, 4, 2, tenant="a")  # needs 1 block: fits the quota beside a0
-    b0 = add(s, "b0", 1.0, 9, 2, tenant="b")  # 3 blocks: exactly b's quota
+    a1 = admit(s, "a1", 1.0, 5, 2, tenant="a")
+    small = admit(s, "a-small", 1.0, 4, 2, tenant="a")  # needs 1 block: fits the quota beside a0
+    b0 = admit(s, "b0", 1.0, 9, 2, tenant="b")  # 3 blocks: exactly b's quota
     out = step(s, 1.0)
-    assert run_ids(out) == ["a0", "a-small", "b0"]
+    assert scheduled_ids(out) == ["a0", "a-small", "b0"]
     assert a1.status is RequestStatus.WAITING and small.status is b0.status is RequestStatus.RUNNING
     assert held(s, "a0") + held(s, "a-small") == 3 and held(s, "b0") == 3
     now = 2.0
@@ -242,11 +222,11 @@ def test_quota_skip_does_not_block_under_strict_order() -> None:
     config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=4, tenants=TenantConfig(max_running=1))
     assert not config.skip_blocked
     s = ContinuousScheduler(config)
-    add(s, "a0", 0.0, 1, 5, tenant="a")
+    admit(s, "a0", 0.0, 1, 5, tenant="a")
     step(s, 0.0)
     for i in range(3):
-        add(s, f"a{i + 1}", 1.0, 1, 5, tenant="a")
-    add(s, "b0", 1.0, 1, 5, tenant="b")
-    add(s, "c0", 1.0, 1, 5, tenant="c")
+        admit(s, f"a{i + 1}", 1.0, 1, 5, tenant="a")
+    admit(s, "b0", 1.0, 1, 5, tenant="b")
+    admit(s, "c0", 1.0, 1, 5, tenant="c")
     out = step(s, 1.0)
-    assert run_ids(out) == ["a0", "b0", "c0"]
+    assert scheduled_ids(out) == ["a0", "b0", "c0"]

@@ -1,8 +1,16 @@
-"""WaitingQueue: FCFS order, push_front, and `remove` (head fast path and the general case)."""
+"""WaitingQueue: FCFS order, push_front, and `remove` (head fast path and the general case); the
+`QUEUE_ORDERS` registry and the queues' capabilities."""
 
 from __future__ import annotations
 
-from contbatch.core.queue import WaitingQueue
+from collections import deque
+from collections.abc import Iterator
+
+import pytest
+
+from contbatch.core import ConfigError, ContinuousScheduler, SchedulerConfig, StepResult
+from contbatch.core import queue as orders
+from contbatch.core.queue import QUEUE_ORDERS, QueueOrder, WaitingQueue
 from contbatch.core.request import Request
 
 
@@ -65,3 +73,49 @@ def test_remove_is_by_identity_not_by_id() -> None:
     assert ids(queue) == ["r0", "r1", "r2"]
     queue.remove([rs[1]])
     assert ids(queue) == ["r0", "r2"]
+
+
+# -- the registry -------------------------------------------------------------------------------
+def test_every_registered_order_is_accepted_by_the_config_and_builds_a_queue() -> None:
+    assert tuple(QUEUE_ORDERS) == ("fcfs", "priority", "deadline", "aging", "fair")
+    for name, entry in QUEUE_ORDERS.items():
+        assert entry.help and "\n" not in entry.help
+        assert SchedulerConfig(queue_order=name).queue_order == name
+        queue = orders.make_queue(name, aging_rate=1.0, tenant_weights={})
+        assert isinstance(queue, WaitingQueue) and not queue
+
+
+def test_an_unknown_order_is_refused_with_the_known_names() -> None:
+    with pytest.raises(ConfigError, match="queue_order") as info:
+        SchedulerConfig(queue_order="lifo")
+    assert all(name in str(info.value) for name in QUEUE_ORDERS)
+    with pytest.raises(ValueError, match="'lifo'"):
+        orders.make_queue("lifo", aging_rate=1.0, tenant_weights={})
+
+
+def test_only_the_fair_order_charges_service() -> None:
+    charging = [n for n in QUEUE_ORDERS if orders.make_queue(n, aging_rate=1.0, tenant_weights={}).charges_service]
+    assert charging == ["fair"]
+
+
+class NewestFirst(WaitingQueue):
+    """A toy order for the recipe in docs/extending.md: the newest arrival first."""
+
+    __slots__ = ()
+
+    def candidates(self, now: float) -> Iterator[Request]:
+        return reversed(deque(self))
+
+
+def test_one_registry_entry_adds_an_order_end_to_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(QUEUE_ORDERS, "newest", QueueOrder(lambda _: NewestFirst(), "newest arrival first"))
+    s = ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=1, queue_order="newest"))
+    assert type(s.waiting) is NewestFirst
+    for i in range(3):
+        s.add_request(Request(f"r{i}", float(i), 1, 1), float(i))
+    admitted = []
+    for t in range(3):
+        out = s.schedule(3.0 + t)
+        admitted += [c.request_id for c in out.chunks if c.start == 0]
+        s.update(out, StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples}), 4.0 + t)
+    assert admitted == ["r2", "r1", "r0"]

@@ -18,7 +18,6 @@ from contbatch.core import (
     RequestStatus,
     SchedulerBase,
     SchedulerConfig,
-    SchedulerOutput,
     StaticScheduler,
     StepResult,
     TimelineError,
@@ -26,40 +25,9 @@ from contbatch.core import (
     seed_config,
 )
 
+from .drive import add, run_to_end, sampled, scheduled_ids, step
+
 ENGINE = SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=None, chunked_prefill=False)
-
-
-def sampled(out: SchedulerOutput, n: int = 1) -> StepResult:
-    return StepResult(sampled_token_ids={c.request_id: (0,) * n for c in out.chunks if c.samples})
-
-
-def step(s: SchedulerBase, now: float, dt: float = 1.0) -> SchedulerOutput:
-    """schedule at `now`, execute (one dummy token per sampling chunk), update at `now + dt`."""
-    out = s.schedule(now)
-    check_invariants(s)
-    s.update(out, sampled(out), now + dt)
-    check_invariants(s)
-    return out
-
-
-def add(s: SchedulerBase, rid: str, now: float, prompt: int, output: int) -> Request:
-    request = Request(rid, now, prompt, output)
-    s.add_request(request, now)
-    check_invariants(s)
-    return request
-
-
-def run_to_end(s: SchedulerBase, now: float, limit: int = 200) -> float:
-    for _ in range(limit):
-        if not s.has_unfinished():
-            return now
-        assert not step(s, now).is_empty, "scheduled nothing with work pending"
-        now += 1.0
-    raise AssertionError("did not finish")
-
-
-def scheduled_ids(out: SchedulerOutput) -> list[str]:
-    return [c.request_id for c in out.chunks]
 
 
 # -- rejection ----------------------------------------------------------------------------------
@@ -67,7 +35,8 @@ def test_prompt_over_budget_without_chunking_is_rejected_at_once() -> None:
     s = ContinuousScheduler(ENGINE)
     ok = add(s, "ok", 0.0, 3, 2)
     big = Request("big", 0.0, 9, 1)
-    assert s.add_request(big, 0.5) is False
+    decision = s.add_request(big, 0.5)
+    assert not decision and decision.reject_kind == "token_budget" and decision.reason == big.finish_detail
     assert big.status is RequestStatus.FINISHED and big.finish_reason is FinishReason.REJECTED
     assert "9" in big.finish_detail and "8" in big.finish_detail
     assert big.timeline.finish_reason is FinishReason.REJECTED and big.timeline.finished_ts == 0.5

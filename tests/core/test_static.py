@@ -9,35 +9,20 @@ import pytest
 
 from contbatch.core import (
     FinishReason,
-    Request,
     RequestStatus,
     SchedulerConfig,
-    SchedulerOutput,
     StaticScheduler,
-    StepResult,
     check_invariants,
     seed_config,
 )
 
-
-def step(s: StaticScheduler, now: float) -> SchedulerOutput:
-    out = s.schedule(now)
-    check_invariants(s)
-    s.update(out, StepResult(sampled_token_ids={c.request_id: (0,) for c in out.chunks if c.samples}), now + 1)
-    check_invariants(s)
-    return out
-
-
-def add(s: StaticScheduler, rid: str, now: float, prompt: int, output: int) -> Request:
-    request = Request(rid, now, prompt, output)
-    assert s.add_request(request, now)
-    return request
+from .drive import admit, step
 
 
 @pytest.mark.parametrize("sample_on_prefill", [False, True])
 def test_prompt_padding_and_idle_slots(sample_on_prefill: bool) -> None:
     s = StaticScheduler(dataclasses.replace(seed_config(), sample_on_prefill=sample_on_prefill))
-    a, b, c = add(s, "a", 0, 4, 3), add(s, "b", 0, 2, 1), add(s, "c", 0, 1, 2)
+    a, b, c = admit(s, "a", 0, 4, 3), admit(s, "b", 0, 2, 1), admit(s, "c", 0, 1, 2)
     outs = []
     now = 0.0
     while s.has_unfinished():
@@ -59,18 +44,18 @@ def test_prompt_padding_and_idle_slots(sample_on_prefill: bool) -> None:
 
 def test_equal_prompts_have_no_prompt_padding() -> None:
     s = StaticScheduler(seed_config())
-    add(s, "a", 0, 3, 1)
-    add(s, "b", 0, 3, 1)
+    admit(s, "a", 0, 3, 1)
+    admit(s, "b", 0, 3, 1)
     assert step(s, 0).num_padding_tokens == 0
 
 
 def test_batch_barrier() -> None:
     s = StaticScheduler(seed_config())
-    a = add(s, "a", 0, 4, 5)
-    b = add(s, "b", 0, 2, 2)
+    a = admit(s, "a", 0, 4, 5)
+    b = admit(s, "b", 0, 2, 2)
     step(s, 0)
     step(s, 1)
-    late = add(s, "late", 2, 1, 1)  # arrives while the batch runs; a free slot does not let it in
+    late = admit(s, "late", 2, 1, 1)  # arrives while the batch runs; a free slot does not let it in
     now = 2.0
     while a.status is RequestStatus.RUNNING:
         out = step(s, now)
@@ -86,7 +71,7 @@ def test_batch_barrier() -> None:
 
 def test_batch_takes_at_most_max_num_seqs_in_queue_order() -> None:
     s = StaticScheduler(dataclasses.replace(seed_config(), max_num_seqs=2))
-    rs = [add(s, f"r{i}", 0, 1 + i, 1) for i in range(3)]
+    rs = [admit(s, f"r{i}", 0, 1 + i, 1) for i in range(3)]
     out = step(s, 0)
     assert [ch.request_id for ch in out.chunks] == ["r0", "r1"]
     assert out.num_padding_tokens == 1
@@ -95,15 +80,15 @@ def test_batch_takes_at_most_max_num_seqs_in_queue_order() -> None:
 
 def test_no_token_budget_applies() -> None:
     s = StaticScheduler(SchedulerConfig(max_num_batched_tokens=4, chunked_prefill=False))
-    a = add(s, "a", 0, 10, 1)  # bigger than the token budget: static still runs it whole
+    a = admit(s, "a", 0, 10, 1)  # bigger than the token budget: static still runs it whole
     out = step(s, 0)
     assert out.num_batched_tokens == 10 and a.finish_reason is FinishReason.LENGTH
 
 
 def test_cancelled_member_leaves_an_idle_slot() -> None:
     s = StaticScheduler(seed_config())
-    add(s, "a", 0, 2, 4)
-    b = add(s, "b", 0, 2, 4)
+    admit(s, "a", 0, 2, 4)
+    b = admit(s, "b", 0, 2, 4)
     step(s, 0)
     assert s.cancel("b", 1.5)
     check_invariants(s)

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from contbatch.engine.spec import ARCHITECTURES
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -40,24 +42,23 @@ class HFCheckpoint:
             return self.model(torch.tensor([list(token_ids)])).logits[0].float()
 
 
-def _config(model_type: str, **overrides: Any) -> Any:
+def _model_class(model_type: str) -> Any:
+    """transformers' *ForCausalLM class of a supported `model_type` (from the engine's registry)."""
     import transformers
 
-    classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config"}
-    kwargs = {**TINY, **overrides}
-    if model_type == "mistral":
-        kwargs.setdefault("sliding_window", None)
-    return getattr(transformers, classes[model_type])(**kwargs)
+    return getattr(transformers, ARCHITECTURES[model_type].hf_class)
+
+
+def _config(model_type: str, **overrides: Any) -> Any:
+    kwargs = {**TINY, **ARCHITECTURES[model_type].full_attention_config, **overrides}
+    return _model_class(model_type).config_class(**kwargs)
 
 
 def build_hf_checkpoint(path: Path, model_type: str = "llama", *, seed: int = 0, **overrides: Any) -> HFCheckpoint:
     """A random transformers model saved with `save_pretrained` (safetensors) into `path`."""
-    import transformers
-
     torch.manual_seed(seed)
     config = _config(model_type, **overrides)
-    classes = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-    model = getattr(transformers, classes[model_type])(config).eval()
+    model = _model_class(model_type)(config).eval()
     with torch.no_grad():  # random biases and norms, so a wrongly ignored tensor shows in the logits
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name:

@@ -15,8 +15,8 @@ from contbatch.engine.demo_corpus import demo_corpus
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.runner import ModelRunner, SequenceState
-from contbatch.engine.sampling import SamplingParams
 from contbatch.engine.tokenizer import Tokenizer
+from contbatch.loop.params import SamplingParams
 
 TINY = DemoShape(
     hidden_size=32,

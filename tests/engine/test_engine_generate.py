@@ -15,7 +15,7 @@ from contbatch.engine.demo import DEMO_SHAPE, write_random_checkpoint
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.runner import ModelRunner, SequenceState
-from contbatch.engine.sampling import SamplingParams
+from contbatch.loop.params import SamplingParams
 
 BLOCK_SIZE = 16
 NUM_NEW = 12

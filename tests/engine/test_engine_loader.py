@@ -18,7 +18,7 @@ from contbatch.engine.errors import CheckpointError, UnsupportedModel
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.loader import load_checkpoint, load_spec
 from contbatch.engine.runner import ModelRunner, SequenceState
-from contbatch.engine.spec import parse_config
+from contbatch.engine.spec import ARCHITECTURES, Architecture, Biases, ConfigFields, parse_config
 
 SHAPE = DemoShape(
     hidden_size=32,
@@ -213,3 +213,48 @@ def test_tied_checkpoint_may_carry_an_lm_head(tmp_path: Path) -> None:
     _rewrite_weights(path, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
     spec, weights = load_checkpoint(path)
     assert spec.tie_word_embeddings and "lm_head.weight" not in weights
+
+
+# -- the architecture registry ------------------------------------------------------------------
+def test_every_architecture_names_its_transformers_class_and_config() -> None:
+    import transformers
+
+    assert {"llama", "mistral", "qwen2"} <= set(ARCHITECTURES)
+    for model_type, arch in ARCHITECTURES.items():
+        cls = getattr(transformers, arch.hf_class)
+        assert cls.config_class.model_type == model_type
+        config = cls.config_class(**arch.full_attention_config).to_dict()
+        spec = parse_config(config)  # transformers defaults, sliding windows off: supported as they are
+        assert spec.model_type == model_type
+
+
+@pytest.mark.parametrize(
+    ("model_type", "fields", "biases"),
+    [
+        ("llama", {}, Biases()),
+        ("llama", {"attention_bias": True}, Biases(qkv=True, o=True)),
+        ("llama", {"mlp_bias": True}, Biases(mlp=True)),
+        ("mistral", {"attention_bias": True, "mlp_bias": True}, Biases()),
+        ("qwen2", {}, Biases(qkv=True)),
+    ],
+)
+def test_biases_come_from_the_architecture(model_type: str, fields: dict, biases: Biases) -> None:
+    spec = parse_config({**_base(), "model_type": model_type, **fields})
+    assert Biases(spec.qkv_bias, spec.o_bias, spec.mlp_bias) == biases
+    assert ARCHITECTURES[model_type].biases(ConfigFields({**_base(), **fields}, "x")) == biases
+
+
+def test_one_registry_entry_adds_an_architecture(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The recipe of docs/extending.md: a new model_type of the same decoder family is one entry."""
+    with pytest.raises(UnsupportedModel, match="'toyllama'"):
+        parse_config({**_base(), "model_type": "toyllama"})
+    toy = Architecture("LlamaForCausalLM", biases=lambda f: Biases(o=True), uses_sliding_window=lambda f, n: False)
+    monkeypatch.setitem(ARCHITECTURES, "toyllama", toy)
+    spec = parse_config({**_base(), "model_type": "toyllama", "sliding_window": 4})  # the window never applies
+    assert spec.o_bias and not spec.qkv_bias and spec.max_model_len == 2048
+    path = write_random_checkpoint(tmp_path / "toy", dataclasses.replace(SHAPE, model_type="toyllama"), demo=False)
+    spec, weights = load_checkpoint(path)
+    assert spec.model_type == "toyllama" and "model.layers.1.self_attn.o_proj.bias" in weights
+    runner = ModelRunner(spec, weights, PagedKVCache(spec, 4, 8))
+    _, logits = runner.compute_logits([ScheduledChunk("r", 0, 3, True, True)], {"r": SequenceState([1, 5, 9], [2])})
+    assert logits.shape == (1, SHAPE.vocab_size) and torch.isfinite(logits).all()

@@ -18,7 +18,7 @@ from contbatch.core.config import KVConfig
 from contbatch.engine.api import LLM
 from contbatch.engine.demo import DEMO_SHAPE, train_tokenizer, write_random_checkpoint, write_tokenizer
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
-from contbatch.engine.sampling import SamplingParams
+from contbatch.loop.params import SamplingParams
 
 NUM_NEW = 10
 BLOCK_BYTES = 2 * 6 * 2 * 64 * 16 * 4  # K and V x layers x KV heads x head dim x block size x float32

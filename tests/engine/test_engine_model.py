@@ -13,6 +13,7 @@ from contbatch.core.outputs import ScheduledChunk
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.runner import ModelRunner, SequenceState
+from contbatch.engine.spec import ARCHITECTURES
 
 ATOL = 1e-4
 
@@ -50,6 +51,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "qwen2_biases_tied": ("qwen2", {"tie_word_embeddings": True}),
     "mistral": ("mistral", {}),
 }
+
+
+def test_every_registered_architecture_has_a_variant() -> None:
+    assert {model_type for model_type, _ in VARIANTS.values()} == set(ARCHITECTURES)
 
 
 def _runner(path, num_blocks: int = 64, block_size: int = 4) -> ModelRunner:

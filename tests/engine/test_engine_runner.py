@@ -14,11 +14,11 @@ import torch
 from contbatch.core.outputs import ScheduledChunk, StepResult, build_output
 from contbatch.core.status import FinishReason
 from contbatch.engine.demo import DemoShape, write_random_checkpoint
-from contbatch.engine.errors import StepError
 from contbatch.engine.kv_cache import PagedKVCache, bytes_per_block, num_blocks_for_memory
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.runner import ModelRunner, SequenceState
 from contbatch.engine.sampling import SamplingParams
+from contbatch.loop.executor import StepError
 
 SHAPE = DemoShape(
     hidden_size=32,

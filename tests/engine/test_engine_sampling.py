@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contbatch.engine.sampling import GREEDY, Sampler, SamplingParams
+from contbatch.engine.sampling import Sampler
+from contbatch.loop.params import GREEDY, SamplingParams
 
 
 @pytest.mark.parametrize(
@@ -82,7 +83,7 @@ def test_seeded_rows_are_reproducible_and_independent_of_the_batch() -> None:
 
     def draw(sampler_seed: int, others: int) -> list[int]:
         sampler = Sampler(seed=sampler_seed)
-        generator = seeded.make_generator()
+        generator = torch.Generator(device="cpu").manual_seed(1234)
         out = []
         for _ in range(20):
             params = [SamplingParams()] * others + [seeded]
@@ -92,8 +93,9 @@ def test_seeded_rows_are_reproducible_and_independent_of_the_batch() -> None:
 
     assert draw(0, 0) == draw(99, 2) == draw(5, 1)
     assert len(set(draw(0, 0))) > 1
+    other = SamplingParams(seed=999)
     assert draw(0, 0) != [
-        Sampler(seed=0).sample(logits[:1], [SamplingParams(seed=999)], [SamplingParams(seed=999).make_generator()])[0]
+        Sampler(seed=0).sample(logits[:1], [other], [torch.Generator(device="cpu").manual_seed(999)])[0]
         for _ in range(20)
     ]
 

@@ -12,8 +12,8 @@ import pytest
 from contbatch.engine.chat_template import ChatTemplateError
 from contbatch.engine.demo import CHAT_TEMPLATE, train_tokenizer, write_tokenizer
 from contbatch.engine.demo_corpus import demo_corpus
-from contbatch.engine.detokenizer import IncrementalDetokenizer, StopChecker, TextStream
 from contbatch.engine.tokenizer import Tokenizer
+from contbatch.loop.text import IncrementalDetokenizer, StopChecker, TextStream
 
 TEXTS = [
     "Hello world, this is a test.",

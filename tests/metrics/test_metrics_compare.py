@@ -81,6 +81,23 @@ def test_goodput_and_reason_rows_when_present(continuous: list[Timeline], static
     assert rows["unsent waste (tokens)"] == ["0", "4"]
 
 
+def test_requests_that_never_ran_are_counted_under_requests(continuous: list[Timeline]) -> None:
+    rejected = Timeline("R", 1.0, 1)
+    rejected.record_finished(1.0, FinishReason.REJECTED)
+    text = format_compare_table(
+        {
+            "all ran": summarize(continuous, time_unit="tick"),
+            "one not": summarize([*continuous, rejected], time_unit="tick"),
+        }
+    )
+    lines = text.splitlines()
+    (index,) = [i for i, line in enumerate(lines) if line.startswith("requests ")]
+    assert lines[index + 1].split() == ["never", "ran", "(left", "out", "of", "latencies)", "0", "1"]
+    assert lines[index + 1].startswith("  ")  # indented under "requests"
+    assert _table(text)["finished: rejected"] == ["0", "1"]
+    assert "never ran" not in format_summary(summarize(continuous, time_unit="tick"))  # only when some run has one
+
+
 def test_format_summary_in_seconds(continuous: list[Timeline]) -> None:
     text = format_summary(summarize(continuous, time_unit="s"), name="continuous")
     assert text.splitlines()[0].split() == ["metric", "continuous"]

@@ -66,6 +66,20 @@ def test_failed_and_tokenless_groups(make_tl: MakeTimeline) -> None:
     json.dumps(groups, allow_nan=False)
 
 
+def test_group_latencies_leave_out_requests_that_did_not_run(make_tl: MakeTimeline) -> None:
+    """Issue 14: a rejection is counted, but enters no group latency (no E2E of 0)."""
+    tls = [
+        make_tl("ok", 0.0, scheduled=[0.0], tokens=[1.0, 2.0], finished=3.0, tenant="t"),
+        make_tl("rej", 0.0, finished=0.0, reason=FinishReason.REJECTED, tenant="t"),
+        make_tl("alone", 1.0, finished=1.0, reason=FinishReason.REJECTED, tenant="u"),
+    ]
+    groups = summarize_by(tls, "tenant", time_unit="tick")
+    assert groups["t"]["finish_reasons"] == {"length": 1, "rejected": 1}
+    assert groups["t"]["mean_e2el_ticks"] == groups["t"]["p99_e2el_ticks"] == 3.0
+    assert groups["u"]["mean_e2el_ticks"] is None and groups["u"]["median_e2el_ticks"] is None
+    assert groups["t"]["p99_e2el_ticks"] == summarize(tls, time_unit="tick")["p99_e2el_ticks"]
+
+
 def test_group_throughput_and_goodput_add_up_to_the_run(make_tl: MakeTimeline) -> None:
     tls = _two_tenants(make_tl)
     slo = SLO(ttft=1.0)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
-from contbatch.metrics import SLO, describe, summarize
+from contbatch.metrics import SLO, StreamingSummary, describe, summarize
 
 MakeTimeline = Callable[..., Timeline]
 
@@ -25,6 +25,8 @@ BASE_KEYS = [
     "num_requests",
     "completed",
     "finish_reasons",
+    "num_rejected",
+    "num_not_run",
     "num_preemptions",
     "num_preempted_requests",
     "total_input_tokens",
@@ -111,9 +113,57 @@ def test_finish_reasons_and_ttft_exclusion(make_tl: MakeTimeline) -> None:
     assert s["completed"] == 1
     assert s["min_ttft_ticks"] == s["max_ttft_ticks"] == 1.0  # only "ok" emitted a token
     assert s["max_e2el_ticks"] == 2.0
-    assert s["min_e2el_ticks"] == 0.0  # E2E covers every request
+    assert s["min_e2el_ticks"] == 2.0  # E2E covers the requests that ran: not the rejection's 0
+    assert (s["num_rejected"], s["num_not_run"]) == (1, 1)
     assert s["total_input_tokens"] == 17  # the rejected prompt was never processed
     assert s["max_queue_ticks"] == 0.0
+
+
+def _with_rejections(make_tl: MakeTimeline) -> list[Timeline]:
+    """Two requests that ran (E2E 4 and 6) and three that did not: two rejected at once (E2E 0)
+    and one cancelled while it waited (never scheduled, E2E 9)."""
+    return [
+        make_tl("a", 0.0, scheduled=[1.0], tokens=[2.0, 3.0], finished=4.0),
+        make_tl("b", 0.0, scheduled=[2.0], tokens=[3.0, 4.0, 5.0, 6.0], finished=6.0),
+        make_tl("r1", 1.0, finished=1.0, reason=FinishReason.REJECTED, num_prompt_tokens=50),
+        make_tl("r2", 2.0, finished=2.0, reason=FinishReason.REJECTED, num_prompt_tokens=50),
+        make_tl("c", 0.0, finished=9.0, reason=FinishReason.CANCELLED),
+    ]
+
+
+def test_latencies_cover_only_the_requests_that_ran(make_tl: MakeTimeline) -> None:
+    """Issue 14: rejected requests entered mean and p99 E2E with E2E = 0, while TTFT left them out."""
+    s = summarize(_with_rejections(make_tl), time_unit="tick", slo=SLO(e2e=100))
+    assert s["num_requests"] == 5
+    assert s["num_rejected"] == s["finish_reasons"]["rejected"] == 2  # type: ignore[index]  # reported apart
+    assert s["num_not_run"] == 3  # the two rejections and the cancellation in the queue
+    for stem in ("queue", "ttft", "tpot", "itl", "e2el"):  # the same two requests in every latency
+        assert s[f"min_{stem}_ticks"] is not None
+    assert s["mean_e2el_ticks"] == 5.0 and s["min_e2el_ticks"] == 4.0 and s["max_e2el_ticks"] == 6.0
+    assert s["p99_e2el_ticks"] == pytest.approx(4.0 + 0.99 * 2.0)
+    assert s["mean_ttft_ticks"] == 2.5 and s["mean_queue_ticks"] == 1.5
+    assert s["total_input_tokens"] == 2  # the rejected prompts were never processed
+    assert s["num_good_requests"] == 2 and s["slo_attainment"] == pytest.approx(2 / 5)  # misses
+
+
+def test_a_client_side_rejection_is_left_out_though_it_was_sent(make_tl: MakeTimeline) -> None:
+    """A client timeline records the send as SCHEDULED: an HTTP 429 still did not run."""
+    tls = [
+        make_tl("ok", 0.0, scheduled=[0.0], tokens=[1.0], finished=1.0),
+        make_tl("429", 0.0, scheduled=[0.5], finished=3.0, reason=FinishReason.REJECTED, num_prompt_tokens=9),
+    ]
+    s = summarize(tls, time_unit="s")
+    assert s["max_e2el_ms"] == s["mean_e2el_ms"] == 1000.0 and s["max_queue_ms"] == 0.0
+    assert (s["num_rejected"], s["num_not_run"], s["total_input_tokens"]) == (1, 1, 1)
+
+
+def test_streaming_summary_applies_the_same_rule(make_tl: MakeTimeline) -> None:
+    tls = _with_rejections(make_tl)
+    folded = StreamingSummary()
+    for tl in reversed(tls):  # finishing order differs from arrival order
+        folded.add(tl)
+    assert folded.summary(time_unit="tick", slo=SLO(ttft=3)) == summarize(tls, time_unit="tick", slo=SLO(ttft=3))
+    assert folded.summary(time_unit="tick")["mean_e2el_ticks"] == 5.0
 
 
 def test_requeue_stats_over_preempted_requests(make_tl: MakeTimeline) -> None:
@@ -204,7 +254,8 @@ def test_json_serialisable_when_everything_is_empty(make_tl: MakeTimeline) -> No
     assert s["goodput"] is None
     assert s["mean_ttft_ticks"] is None
     assert s["p99_tpot_ticks"] is None
-    assert s["mean_e2el_ticks"] == 0.0
+    assert s["mean_e2el_ticks"] is None  # no request ran: no latency at all
+    assert (s["num_rejected"], s["num_not_run"]) == (1, 1)
 
 
 def test_empty_input_is_an_error() -> None:

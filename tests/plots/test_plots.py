@@ -20,7 +20,7 @@ from contbatch.metrics import SLO, summarize
 from contbatch.plots import (
     PHASES,
     Segment,
-    StepRecorder,
+    StepSeries,
     grid_layout,
     plot_capacity,
     plot_grid_metric,
@@ -49,14 +49,14 @@ def assert_figures(paths: tuple[Path, Path] | list[Path]) -> None:
             assert path.suffix == ".svg" and b"<svg" in data[:2000]
 
 
-def run_seed(name: str) -> tuple[SimResult, StepRecorder]:
-    recorder = StepRecorder(UnitCost(8))
-    sim = simulate(load_trace("seed"), make_scheduler(name, SEED_CONFIG), UnitCost(8), on_step=recorder)
-    return sim, recorder
+def run_seed(name: str) -> tuple[SimResult, StepSeries]:
+    series = StepSeries()
+    sim = simulate(load_trace("seed"), make_scheduler(name, SEED_CONFIG), UnitCost(8), observers=[series])
+    return sim, series
 
 
 @pytest.fixture(scope="module")
-def seed_runs() -> dict[str, tuple[SimResult, StepRecorder]]:
+def seed_runs() -> dict[str, tuple[SimResult, StepSeries]]:
     return {name: run_seed(name) for name in ("static", "continuous")}
 
 
@@ -81,7 +81,7 @@ def timeline(
 
 
 def test_seed_segments_show_static_queueing_and_continuous_admission(
-    seed_runs: dict[str, tuple[SimResult, StepRecorder]],
+    seed_runs: dict[str, tuple[SimResult, StepSeries]],
 ) -> None:
     static = {tl.request_id: request_segments(tl) for tl in seed_runs["static"][0].timelines}
     cont = {tl.request_id: request_segments(tl) for tl in seed_runs["continuous"][0].timelines}
@@ -127,15 +127,15 @@ def test_segments_tile_every_timeline_of_a_preempting_run() -> None:
 # -- step records ----------------------------------------------------------------------------
 
 
-def test_step_recorder_keeps_one_record_per_step(seed_runs: dict[str, tuple[SimResult, StepRecorder]]) -> None:
-    for sim, recorder in seed_runs.values():
-        records = recorder.records
+def test_step_series_keeps_one_point_per_step(seed_runs: dict[str, tuple[SimResult, StepSeries]]) -> None:
+    for sim, series in seed_runs.values():
+        records = series.points
         assert len(records) == sim.num_steps
         assert sum(r.duration or 0 for r in records) == sim.busy_time
         assert all(0.0 <= r.kv_usage <= 1.0 for r in records)
         assert max(r.kv_usage for r in records) <= sim.kv_usage_max
         assert [r.time for r in records] == sorted(r.time for r in records)
-    first = seed_runs["continuous"][1].records[0]
+    first = seed_runs["continuous"][1].points[0]
     assert (first.time, first.num_requests, first.num_tokens, first.duration) == (1.0, 2, 6, 1.0)
 
 
@@ -143,7 +143,7 @@ def test_step_recorder_keeps_one_record_per_step(seed_runs: dict[str, tuple[SimR
 
 
 def test_request_timeline_seed_static_and_continuous_side_by_side(
-    tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepRecorder]]
+    tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepSeries]]
 ) -> None:
     runs = {name: sim.timelines for name, (sim, _) in seed_runs.items()}
     paths = plot_request_timeline(runs, tmp_path, time_unit="tick", title="seed")
@@ -154,7 +154,7 @@ def test_request_timeline_seed_static_and_continuous_side_by_side(
 
 
 def test_request_timeline_is_byte_identical_for_the_same_input(
-    tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepRecorder]]
+    tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepSeries]]
 ) -> None:
     runs = {name: sim.timelines for name, (sim, _) in seed_runs.items()}
     first = plot_request_timeline(runs, tmp_path / "a", time_unit="tick")
@@ -175,13 +175,13 @@ def test_request_timeline_marks_preemptions_and_failures(tmp_path: Path) -> None
     assert "requeued" in svg and "ended unsuccessfully" in svg and "token emitted" not in svg
 
 
-def test_latency_cdfs(tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepRecorder]]) -> None:
+def test_latency_cdfs(tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepSeries]]) -> None:
     runs = {name: sim.timelines for name, (sim, _) in seed_runs.items()}
     assert_figures(plot_latency_cdfs(runs, tmp_path, time_unit="tick", slo=SLO(ttft=3)))
 
 
-def test_kv_and_batch_over_time(tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepRecorder]]) -> None:
-    steps = {name: recorder.records for name, (_, recorder) in seed_runs.items()}
+def test_kv_and_batch_over_time(tmp_path: Path, seed_runs: dict[str, tuple[SimResult, StepSeries]]) -> None:
+    steps = {name: series.points for name, (_, series) in seed_runs.items()}
     assert_figures(plot_steps(steps, tmp_path, time_unit="tick"))
     plain = {"t": [(1.0, 0.5, 2, 6), (2.0, 0.25, 1, 1), (5.0, 0.0, 1, 1)]}  # bare tuples, no durations
     assert_figures(plot_steps(plain, tmp_path / "plain", time_unit="s"))

@@ -26,7 +26,7 @@ def test_a_stalled_sse_reader_pauses_its_request_at_its_credits() -> None:
     async def main() -> tuple[int, int, int, list[bytes]]:
         sub = Submission("r", (1, 2), SamplingParams(max_tokens=200, ignore_eos=True), client.now())
         stream = client.generate(sub)
-        assert (await stream.first()).admitted
+        assert (await stream.first()).queued
         writer = _sse(stream, ResponseMeta("r", 0, MODEL, False), parsed, ServerConfig())
         chunks = [await anext(writer) for _ in range(3)]  # the reader takes three chunks, then stalls
         await asyncio.sleep(0.3)  # ~200 steps' worth of time

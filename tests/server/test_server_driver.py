@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from contbatch.core import ContinuousScheduler, SchedulerConfig, check_invariants
+from contbatch.core import SchedulerConfig, check_invariants
 from contbatch.core.config import PRESETS
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.status import FinishReason
@@ -19,22 +20,21 @@ from contbatch.server.types import RequestEvent, SamplingParams, Submission
 
 
 class FakeExecutor:
-    """One token per sampling chunk, decoded as `word`; optionally slow or failing."""
+    """One token per sampling chunk; optionally slow or failing. Records what the step outputs
+    told it: the requests it was asked to start and those it was told had finished."""
 
-    def __init__(
-        self, *, word: str = "ab", step_s: float = 0.0, fail_when: Callable[[SchedulerOutput], bool] | None = None
-    ) -> None:
-        self.word = word
+    def __init__(self, *, step_s: float = 0.0, fail_when: Callable[[SchedulerOutput], bool] | None = None) -> None:
         self.step_s = step_s
         self.fail_when = fail_when
         self.added: list[str] = []
         self.released: list[str] = []
         self.num_steps = 0
 
-    def add_request(self, submission: Submission) -> None:
-        self.added.append(submission.request_id)
-
     def execute(self, out: SchedulerOutput) -> StepResult:
+        self.added += [new.request_id for new in out.new_requests]
+        self.released += out.finished_ids
+        if not out.chunks:
+            return StepResult()
         self.num_steps += 1
         if self.step_s:
             time.sleep(self.step_s)
@@ -42,19 +42,40 @@ class FakeExecutor:
             raise RuntimeError("device on fire")
         return StepResult(sampled_token_ids={c.request_id: (7,) for c in out.chunks if c.samples})
 
-    def detokenize(self, request_id: str, token_ids: Sequence[int]) -> str:
+
+@dataclass
+class Words:
+    word: str
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.word * len(token_ids)
 
-    def release(self, request_id: str) -> None:
-        self.released.append(request_id)
+
+@dataclass
+class FakeBackend:
+    executor: FakeExecutor
+    config: SchedulerConfig
+    decoder: Words
+    name: str = "fake"
+    model_name: str = "fake"
+    vocab_size: int | None = None
+
+    def tokenize(self, text: str) -> tuple[int, ...]:
+        return tuple(range(len(text.split())))
+
+    def chat_prompt(self, messages: Sequence[Any]) -> str:
+        return ""
 
     def idle(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
 
-def make_driver(executor: FakeExecutor, **overrides: Any) -> Driver:
+
+def make_driver(executor: FakeExecutor, *, word: str = "ab", **overrides: Any) -> Driver:
     config = SchedulerConfig.from_dict(overrides, base=PRESETS["engine"])
-    return Driver(ContinuousScheduler(config), executor)
+    return Driver(FakeBackend(executor, config, Words(word)))
 
 
 def sub(rid: str, *, prompt: int = 8, max_tokens: int = 4, stop: tuple[str, ...] = (), at: float = 0.0) -> Submission:
@@ -104,12 +125,12 @@ def test_events_come_in_order_and_end_once() -> None:
 
     events = run(main())
     driver.stop()
-    assert events[0].admitted and not events[0].is_final
+    assert events[0].queued and not events[0].is_final
     tokens = events[1:]
     assert [e.num_output_tokens for e in tokens] == [1, 2, 3, 4, 5]
     assert tokens[-1].finish_reason is FinishReason.LENGTH
     assert "".join(e.text for e in tokens) == "ab" * 5
-    assert executor.added == ["a"] and executor.released == ["a"]
+    assert executor.added == ["a"] and not driver.core.tracked_ids()
     assert_clean(driver)
 
 
@@ -175,7 +196,7 @@ def test_a_failing_step_fails_only_its_requests_and_the_loop_keeps_serving() -> 
     assert "device on fire" in finals["bad"].finish_detail
     assert finals["after"].finish_reason is FinishReason.LENGTH
     assert driver.snapshot.num_failed_steps == 1
-    assert sorted(executor.released) == ["after", "bad", "before"]
+    assert executor.added == ["before", "bad", "after"] and {"before", "bad"} <= set(executor.released)
     assert_clean(driver)
 
 
@@ -197,7 +218,7 @@ def test_requests_sharing_the_failed_step_fail_with_it() -> None:
 
 
 def test_stop_strings_cut_the_text_and_finish_with_stop() -> None:
-    driver = make_driver(FakeExecutor(word="ab"))
+    driver = make_driver(FakeExecutor(), word="ab")
     driver.start()
 
     async def main() -> list[RequestEvent]:
@@ -221,7 +242,7 @@ def test_abort_cancels_at_the_next_step_and_frees_everything() -> None:
     async def main() -> list[RequestEvent]:
         c = Collector(driver)
         c.submit(sub("long", max_tokens=10_000))
-        events = [await c.queues["long"].get(), await c.queues["long"].get()]  # admitted, first tokens
+        events = [await c.queues["long"].get(), await c.queues["long"].get()]  # queued, first tokens
         driver.abort("long")
         return events + await c.until_final("long")
 
@@ -270,14 +291,12 @@ def test_an_idle_driver_wakes_for_a_timeout() -> None:
         c.submit(sub("held", max_tokens=5))
         await c.queues["held"].get()
         c.submit(sub("queued"))
-        return (await c.until_final("queued", timeout=3.0))[-1]
+        # nothing else happens: only the driver's own timer can end "queued" before this bound
+        return (await c.until_final("queued", timeout=60.0))[-1]
 
-    started = time.monotonic()
     final = run(main())
-    elapsed = time.monotonic() - started
     driver.stop()
     assert final.finish_reason is FinishReason.TIMEOUT and "ttft_timeout" in final.finish_detail
-    assert elapsed < 2.0
 
 
 def test_stop_lets_short_requests_finish_cancels_long_ones_and_refuses_new_ones() -> None:

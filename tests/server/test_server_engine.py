@@ -10,8 +10,8 @@ import pytest
 
 from contbatch.core import PRESETS
 from contbatch.engine.api import LLM
-from contbatch.engine.sampling import SamplingParams
-from contbatch.server.backends import make_backend
+from contbatch.loop.params import SamplingParams
+from contbatch.server.backends import BackendOptions, make_backend
 from server.harness import RunningServer, start_server
 
 MODEL = "demo"
@@ -19,7 +19,7 @@ MODEL = "demo"
 
 @pytest.fixture(scope="module")
 def engine_server() -> Iterator[RunningServer]:
-    backend = make_backend("engine", PRESETS["engine"], cost=None, model=None, served_model_name=MODEL)
+    backend = make_backend("engine", PRESETS["engine"], BackendOptions(served_model_name=MODEL))
     server = start_server(backend=backend)
     try:
         yield server

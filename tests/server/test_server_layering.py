@@ -1,5 +1,5 @@
-"""DESIGN.md section 1 for the server and the bench: what each imports (in a fresh interpreter,
-by `sys.modules`) and what their sources name (by AST)."""
+"""docs/design.md, "Layers and the dependency rules", for the server and the bench: what each
+imports (in a fresh interpreter, by `sys.modules`) and what their sources name (by AST)."""
 
 from __future__ import annotations
 

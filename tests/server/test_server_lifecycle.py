@@ -11,9 +11,8 @@ import pytest
 
 from contbatch.cli.main import main
 from contbatch.core.outputs import SchedulerOutput, StepResult
-from contbatch.server.backends import BackendError, make_backend
+from contbatch.server.backends import BackendError, BackendOptions, make_backend
 from contbatch.server.backends.sim import PacedSimExecutor, SimBackend, count_tokens, tokenize
-from contbatch.server.types import Submission
 from server.harness import MODEL, RunningServer, sim_backend
 
 POISON_SEED = 666
@@ -26,12 +25,8 @@ class PoisonExecutor(PacedSimExecutor):
         super().__init__(inner.cost)
         self.poisoned: set[str] = set()
 
-    def add_request(self, submission: Submission) -> None:
-        super().add_request(submission)
-        if submission.params.seed == POISON_SEED:
-            self.poisoned.add(submission.request_id)
-
     def execute(self, out: SchedulerOutput) -> StepResult:
+        self.poisoned |= {new.request_id for new in out.new_requests if new.params.seed == POISON_SEED}
         if any(c.request_id in self.poisoned for c in out.chunks):
             raise RuntimeError("simulated device fault")
         return super().execute(out)
@@ -124,7 +119,7 @@ def test_the_engine_backend_refuses_a_checkpoint_it_cannot_load() -> None:
     from contbatch.core.config import PRESETS
 
     with pytest.raises(BackendError, match="cannot load the model"):
-        make_backend("engine", PRESETS["engine"], model="/nonexistent/checkpoint")
+        make_backend("engine", PRESETS["engine"], BackendOptions(model="/nonexistent/checkpoint"))
     with pytest.raises(BackendError, match="unknown backend"):
         make_backend("tpu", PRESETS["engine"])
 

@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from contbatch.loop import StepObserver
 from server.harness import MODEL, RunningServer
 
 
@@ -127,14 +128,12 @@ def test_models_and_health(oai: openai.OpenAI, server: RunningServer) -> None:
 
 def test_priority_and_tenant_reach_the_scheduler(server: RunningServer) -> None:
     seen: dict[str, Any] = {}
-    metrics = server.client.metrics
-    original = metrics.on_finished
 
-    def spy(request: Any) -> None:
-        seen["tenant"], seen["priority"] = request.tenant, request.priority
-        original(request)
+    class Spy(StepObserver):
+        def on_finished(self, request: Any) -> None:
+            seen["tenant"], seen["priority"] = request.tenant, request.priority
 
-    server.client.driver.observer = type("Spy", (), {"on_step": metrics.on_step, "on_finished": staticmethod(spy)})()
+    server.client.driver.core.observers.append(Spy())
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "priority": 3}
     r = server.post("/v1/completions", json=body, headers={"X-Tenant": "team-a"})
     assert r.status_code == 200

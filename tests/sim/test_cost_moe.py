@@ -27,7 +27,7 @@ def roofline(spec: str) -> RooflineCost:
 
 
 # -- the router -------------------------------------------------------------------------------------
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=3 * settings().max_examples // 5, deadline=None)
 @given(
     kind=st.sampled_from(["uniform", "zipf", "dirichlet"]),
     tokens=st.integers(0, 300),

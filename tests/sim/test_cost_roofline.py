@@ -13,7 +13,7 @@ from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
 from contbatch.core.scheduler import ContinuousScheduler
 from contbatch.sim import simulate
 from contbatch.sim.cost import CostSpecError, parse_cost
-from contbatch.sim.costs import DEVICES, MODELS, DeviceSpec, ModelSpec, RooflineCost, kv_blocks
+from contbatch.sim.costs import DEVICES, MODELS, DeviceSpec, ModelShape, RooflineCost, kv_blocks
 from contbatch.sim.costs.specs import GIB
 from contbatch.traces import Trace, TraceRequest
 
@@ -190,7 +190,7 @@ def test_specs_validate_their_fields() -> None:
         dataclasses.replace(DEVICES["a100"], compute_efficiency=1.5)
     with pytest.raises(CostSpecError, match="peak_flops"):
         dataclasses.replace(DEVICES["a100"], peak_flops=math.nan)
-    assert isinstance(MODELS["llama-2-7b"], ModelSpec) and isinstance(DEVICES["l4"], DeviceSpec)
+    assert isinstance(MODELS["llama-2-7b"], ModelShape) and isinstance(DEVICES["l4"], DeviceSpec)
 
 
 # -- KV sizing --------------------------------------------------------------------------------------

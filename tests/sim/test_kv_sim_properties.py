@@ -278,7 +278,9 @@ def run_case(case: tuple[SchedulerConfig, Trace], cancel_list: list[Cancel], acc
     check_end(s, trace, requests, cancelled)
 
 
-@settings(max_examples=800, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=8 * settings().max_examples, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+)
 @given(case=cases(), cancel_list=cancels, acceptance=st.sampled_from([0.0, 0.5, 1.0]))
 def test_random_kv_runs_keep_every_invariant(
     case: tuple[SchedulerConfig, Trace], cancel_list: list[Cancel], acceptance: float
@@ -286,7 +288,9 @@ def test_random_kv_runs_keep_every_invariant(
     run_case(case, cancel_list, acceptance)
 
 
-@settings(max_examples=1000, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=10 * settings().max_examples, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+)
 @given(case=cases(pressure=True), cancel_list=cancels, acceptance=st.sampled_from([0.0, 0.5, 1.0]))
 def test_random_kv_runs_under_memory_pressure(
     case: tuple[SchedulerConfig, Trace], cancel_list: list[Cancel], acceptance: float

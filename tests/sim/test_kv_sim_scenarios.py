@@ -43,7 +43,7 @@ def run(
 
     s = ContinuousScheduler(config)
     # skip_ahead off: every step passes through on_step (a skipped-ahead span reports once)
-    res = simulate(tr, s, cost or UnitCost(8), on_step=on_step, skip_ahead=False, **kw)  # type: ignore[arg-type]
+    res = simulate(tr, s, cost or UnitCost(8), inspect=on_step, skip_ahead=False, **kw)  # type: ignore[arg-type]
     assert s.memory is None or s.memory.kv.num_used_blocks == 0
     return res, outs
 
@@ -270,7 +270,7 @@ def test_skip_ahead_gives_the_same_run_as_stepping(kv: KVConfig) -> None:
     )
     stepped, _ = run(tr, config)
     s = ContinuousScheduler(config)
-    skipped = simulate(tr, s, UnitCost(8), on_step=lambda sch, out, now: check_invariants(sch))
+    skipped = simulate(tr, s, UnitCost(8), inspect=lambda sch, out, now: check_invariants(sch))
     assert _snapshot(skipped) == _snapshot(stepped)
     assert (skipped.padding_tokens, skipped.busy_time) == (stepped.padding_tokens, stepped.busy_time)
     assert skipped.scheduler_stats == stepped.scheduler_stats

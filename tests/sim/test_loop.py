@@ -55,7 +55,7 @@ def test_on_step_runs_after_every_update() -> None:
     def hook(s: SchedulerBase, out: SchedulerOutput, now: float) -> None:
         seen.append((out.step_id, now, s.num_finished))
 
-    result = simulate(trace((0, 2, 2)), ContinuousScheduler(seed_config()), UnitCost(8), on_step=hook)
+    result = simulate(trace((0, 2, 2)), ContinuousScheduler(seed_config()), UnitCost(8), inspect=hook)
     assert seen == [(0, 1.0, 0), (1, 2.0, 0), (2, 3.0, 1)]
     assert result.num_steps == 3
 

@@ -85,7 +85,7 @@ class CancelWatch:
 def storm(mode: str) -> tuple[SimResult, CancelWatch, int]:
     scheduler = ContinuousScheduler(preset("engine"))
     watch = CancelWatch(scheduler)
-    result = simulate(cancel_storm(), scheduler, AffineCost(), on_step=watch, **sim_options(mode))
+    result = simulate(cancel_storm(), scheduler, AffineCost(), inspect=watch, **sim_options(mode))
     assert scheduler.memory is not None
     return result, watch, scheduler.memory.kv.num_used_blocks
 

@@ -149,7 +149,7 @@ def test_backlogged_tenants_counters_stay_within_the_vtc_bound(weights: tuple[tu
     scheduler = ContinuousScheduler(config)
     check = BoundCheck(dict(weights))
     check.record(scheduler)
-    result = simulate(multi_tenant(), scheduler, AffineCost(), on_step=check)
+    result = simulate(multi_tenant(), scheduler, AffineCost(), inspect=check)
     assert check.num_checked > 100  # the heavy tenant and a light one are backlogged together at times
     assert check.max_prompt == 2036 and check.max_output == 256
     # a constant "one prompt charge" bound would not hold: the heavy tenant keeps being charged for
@@ -169,4 +169,4 @@ def test_the_bound_check_catches_a_queue_that_ignores_the_counters(monkeypatch: 
     check = BoundCheck({})
     check.record(scheduler)
     with pytest.raises(AssertionError, match="'heavy', 'light-"):
-        simulate(multi_tenant(), scheduler, AffineCost(), on_step=check)
+        simulate(multi_tenant(), scheduler, AffineCost(), inspect=check)

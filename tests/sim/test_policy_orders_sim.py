@@ -27,7 +27,7 @@ def one_server(queue_order: str, **kw: object) -> ContinuousScheduler:
 
 
 def run(trace: Trace, scheduler: ContinuousScheduler) -> SimResult:
-    return simulate(trace, scheduler, UnitCost(), on_step=lambda s, out, now: check_invariants(s))
+    return simulate(trace, scheduler, UnitCost(), inspect=lambda s, out, now: check_invariants(s))
 
 
 # -- deadlines ----------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ from contbatch.core import (
     SchedulerOutput,
     check_invariants,
 )
-from contbatch.core.config import QUEUE_ORDERS, KVConfig, LifecycleConfig, TenantConfig
+from contbatch.core.config import KVConfig, LifecycleConfig, TenantConfig
+from contbatch.core.queue import QUEUE_ORDERS
 from contbatch.core.status import RequestStatus
 from contbatch.sim import UnitCost, simulate
 from contbatch.traces import Trace, TraceRequest
@@ -127,7 +128,7 @@ def cases(draw: st.DrawFn, pressure: bool = False) -> tuple[SchedulerConfig, Tra
     config = SchedulerConfig(
         max_num_batched_tokens=draw(st.integers(4, 32)),
         max_num_seqs=draw(st.sampled_from([1, 2, 3] if pressure else [None, 1, 2, 3])),
-        queue_order=draw(st.sampled_from(QUEUE_ORDERS)),
+        queue_order=draw(st.sampled_from(tuple(QUEUE_ORDERS))),
         aging_rate=draw(st.sampled_from([0.25, 1.0, 4.0])),
         priority_preemption=threshold,
         skip_blocked=draw(st.booleans()),
@@ -251,7 +252,7 @@ def check_reason(config: SchedulerConfig, spec: TraceRequest, r: Request, watch:
 def run_case(config: SchedulerConfig, trace: Trace) -> None:
     s = ContinuousScheduler(config)
     watch = Watch(s)
-    simulate(trace, s, UnitCost(), on_step=watch, **STEPWISE)
+    simulate(trace, s, UnitCost(), inspect=watch, **STEPWISE)
     check_end(s, trace, watch)
     event(f"order {config.queue_order}")
     for kind in s.stats.rejections:
@@ -263,13 +264,17 @@ def run_case(config: SchedulerConfig, trace: Trace) -> None:
         event("KV preemptions")
 
 
-@settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=4 * settings().max_examples, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+)
 @given(case=cases())
 def test_random_policies_and_lifecycles_keep_every_invariant(case: tuple[SchedulerConfig, Trace]) -> None:
     run_case(*case)
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=3 * settings().max_examples, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck)
+)
 @given(case=cases(pressure=True))
 def test_random_policies_under_seat_and_memory_pressure(case: tuple[SchedulerConfig, Trace]) -> None:
     # 4-8 requests at once, one to three seats, a pool of about one request, priority preemption

@@ -70,7 +70,7 @@ def run(max_pause: float | None = None, pause_action: str = "preempt") -> tuple[
     lifecycle = LifecycleConfig(output_credits=W, max_pause=max_pause, pause_action=pause_action)
     scheduler = ContinuousScheduler(dataclasses.replace(preset_config("engine"), lifecycle=lifecycle))
     watch = Watch(scheduler)
-    result = simulate(slow_readers(), scheduler, AffineCost(), on_step=watch)
+    result = simulate(slow_readers(), scheduler, AffineCost(), inspect=watch)
     assert scheduler.memory is not None and scheduler.memory.kv.num_used_blocks == 0
     return result, watch, scheduler
 

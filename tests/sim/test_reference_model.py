@@ -216,7 +216,12 @@ def check_continuous(capacity: int, refs: list[Ref], knobs: Knobs = SEED_KNOBS) 
     assert padding == 0
 
 
-@settings(max_examples=400, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=4 * settings().max_examples,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(traces())
 def test_contbatch_matches_the_reference(case: tuple[int, list[Ref]]) -> None:
     capacity, refs = case
@@ -242,7 +247,12 @@ knobs = st.builds(
 )
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=3 * settings().max_examples,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(traces(), knobs)
 def test_contbatch_matches_the_generalised_reference(case: tuple[int, list[Ref]], knobs: Knobs) -> None:
     """The same check beyond the seed preset: a slot limit, engine sampling, strict order."""

@@ -1,5 +1,6 @@
 """The specification's worked example, A=(0,4,5), B=(0,2,2), C=(3,3,4) at 8 token-work per tick,
-replayed through `simulate` with the seed preset and both schedulers (DESIGN.md section 3)."""
+replayed through `simulate` with the seed preset and both schedulers (docs/design.md,
+"Scheduling semantics")."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def run(cls: type[SchedulerBase]) -> SimResult:
     def check(s: SchedulerBase, *_: object) -> None:
         check_invariants(s)
 
-    return simulate(SEED, cls(seed_config()), UnitCost(8), on_step=check)
+    return simulate(SEED, cls(seed_config()), UnitCost(8), inspect=check)
 
 
 @pytest.mark.parametrize("cls", [StaticScheduler, ContinuousScheduler])
@@ -85,5 +86,5 @@ def test_continuous_prefills_c_while_a_decodes() -> None:
     def record(_: SchedulerBase, out: SchedulerOutput, now: float) -> None:
         steps.append((now, [(c.request_id, c.num_new_tokens, c.is_prefill) for c in out.chunks]))
 
-    simulate(SEED, ContinuousScheduler(seed_config()), UnitCost(8), on_step=record)
+    simulate(SEED, ContinuousScheduler(seed_config()), UnitCost(8), inspect=record)
     assert steps[3] == (4.0, [("A", 1, False), ("C", 3, True)])  # the step that starts at t=3

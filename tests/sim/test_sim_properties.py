@@ -70,7 +70,7 @@ def run(trace: Trace, scheduler: SchedulerBase, cost: CostModel) -> tuple[SimRes
         if s.config.max_num_seqs is not None:
             assert out.num_requests <= s.config.max_num_seqs
 
-    return simulate(trace, scheduler, cost, on_step=on_step), added
+    return simulate(trace, scheduler, cost, inspect=on_step), added
 
 
 def expected_rejection(static: bool, config: SchedulerConfig, spec: TraceRequest) -> bool:
@@ -100,7 +100,12 @@ def snapshot(result: SimResult) -> list[tuple[object, ...]]:
     ]  # fmt: skip
 
 
-@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=3 * settings().max_examples,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(trace=trace_requests, config=configs, static=st.booleans(), cost=costs)
 def test_simulated_runs_keep_every_invariant(
     trace: Trace, config: SchedulerConfig, static: bool, cost: CostModel

@@ -101,7 +101,7 @@ def _fingerprint(result: SimResult) -> tuple[object, ...]:
     return timelines, result.num_steps, result.padding_tokens, stats, result.unsent_tokens, result.max_buffered_tokens
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=3 * settings().max_examples, deadline=None, derandomize=True)
 @given(trace=traces(), config=configs(), cost_name=st.sampled_from(sorted(COSTS)))
 def test_skip_ahead_equals_step_by_step(trace: Trace, config: SchedulerConfig, cost_name: str) -> None:
     trace = _fits(trace, config)
@@ -115,7 +115,7 @@ def test_skip_ahead_equals_step_by_step(trace: Trace, config: SchedulerConfig, c
     if cost_name == "moe":
         cost.reset_stats()  # type: ignore[attr-defined]
     stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
-    skipped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=True, on_step=check)
+    skipped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=True, inspect=check)
     assert _fingerprint(skipped) == _fingerprint(stepped)
     assert abs(skipped.busy_time - stepped.busy_time) <= 1e-9 * max(1.0, stepped.busy_time)
     assert abs(skipped.kv_usage_mean - stepped.kv_usage_mean) <= 1e-9
@@ -129,7 +129,7 @@ def test_skip_ahead_really_skips() -> None:
         trace,
         ContinuousScheduler(SchedulerConfig(kv=KVConfig())),
         AffineCost(),
-        on_step=lambda s, o, n: calls.append(n),
+        inspect=lambda s, o, n: calls.append(n),
     )
     assert result.num_steps >= 400
     assert len(calls) < result.num_steps / 10
@@ -143,7 +143,7 @@ def test_decode_runs_admit_arrivals() -> None:
     cost = COSTS["roofline"]
     calls: list[float] = []
     stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
-    skipped = simulate(trace, ContinuousScheduler(config), cost, on_step=lambda s, o, n: calls.append(n))
+    skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=lambda s, o, n: calls.append(n))
     assert _fingerprint(skipped) == _fingerprint(stepped)
     assert skipped.kv_usage_mean == stepped.kv_usage_mean
     assert len(calls) < skipped.num_steps / 20
@@ -158,7 +158,7 @@ def test_decode_runs_stop_at_kv_pressure_and_resume() -> None:
         config = SchedulerConfig(max_num_batched_tokens=512, kv=kv)
         stepped = simulate(trace, ContinuousScheduler(config), COSTS["affine"], skip_ahead=False)
         skipped = simulate(
-            trace, ContinuousScheduler(config), COSTS["affine"], on_step=lambda s, o, n: check_invariants(s)
+            trace, ContinuousScheduler(config), COSTS["affine"], inspect=lambda s, o, n: check_invariants(s)
         )
         assert stepped.scheduler_stats["num_preemptions"], "the pool was meant to be too small"
         assert _fingerprint(skipped) == _fingerprint(stepped)

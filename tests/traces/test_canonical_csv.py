@@ -179,7 +179,7 @@ def test_write_csv_refuses_blanks_it_cannot_keep(tmp_path: Path, field: str, val
 _csv_text = st.text(min_size=1, max_size=12).filter(lambda text: text == text.strip())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=3 * settings().max_examples // 2, deadline=None)
 @given(requests=st.lists(trace_requests(_csv_text), min_size=1, max_size=20, unique_by=lambda r: r.request_id))
 def test_write_csv_load_round_trip(tmp_path_factory: pytest.TempPathFactory, requests: list[TraceRequest]) -> None:
     trace = Trace(name="random", requests=tuple(requests), time_unit="s", source="hypothesis")

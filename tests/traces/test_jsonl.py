@@ -31,9 +31,13 @@ def test_load_jsonl(write_file: WriteFile) -> None:
 
 
 def test_load_jsonl_options(write_file: WriteFile) -> None:
-    path = write_file("work.jsonl", GOOD.replace("\n", "\r\n"))
+    whole = (
+        GOOD.replace('"arrival": 0.5', '"arrival": 5').replace('"arrival": 0.25', '"arrival": 2').replace("7.25", "7")
+    )
+    path = write_file("work.jsonl", whole.replace("\n", "\r\n"))
     trace = load_jsonl(path, time_unit="tick", name="mine", source="made up")
     assert (trace.name, trace.time_unit, trace.source, len(trace)) == ("mine", "tick", "made up", 3)
+    assert [r.arrival_ts for r in trace] == [0.0, 2.0, 5.0]
 
 
 ROW = '"id": "A", "arrival": 1, "prompt_tokens": 4, "output_tokens": 5'
@@ -167,7 +171,7 @@ def test_round_trip_through_file(write_file: WriteFile, tmp_path: Path) -> None:
 _text = st.text(min_size=1, max_size=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=3 * settings().max_examples // 2, deadline=None)
 @given(requests=st.lists(trace_requests(_text), min_size=1, max_size=20, unique_by=lambda r: r.request_id))
 def test_write_load_round_trip(tmp_path_factory: pytest.TempPathFactory, requests: list[TraceRequest]) -> None:
     trace = Trace(name="random", requests=tuple(requests), time_unit="s", source="hypothesis")

@@ -4,6 +4,11 @@ Which requests count: those scheduled at or after (first scheduled send + ``warm
 or before (last scheduled send - ``cooldown_s``); the others were sent (they load the server)
 but are left out of every aggregate. Latencies are from the scheduled send time; the queue
 statistics (``mean_queue_ms`` ...) are the client's own queue time (actual - scheduled send).
+Latency statistics cover the measured requests that ran, by the rule of `contbatch.metrics`
+(`RequestMetrics.ran`), the one `contbatch simulate` uses: a request the server refused (HTTP 429,
+``rejected``) enters no latency, and is counted in ``num_rejected`` and ``finish_reasons``
+instead (and in ``failed``, and as a goodput miss). The client cannot see the server's queue,
+so a request sent and then cancelled or timed out before its first token counts as run here.
 
 The result document uses `vllm bench serve`'s key names (``duration``, ``completed``,
 ``request_throughput``, ``output_throughput``, ``mean_ttft_ms``, ``p99_tpot_ms``,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from contbatch.calibrate.fit import StepSample
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
 from contbatch.engine.runner import ModelRunner, SequenceState
-from contbatch.engine.sampling import SamplingParams
+from contbatch.loop.params import SamplingParams
 
 MIN_REPEATS = 3
 REWARM_BELOW_S = 0.02  # a point faster than this runs once untimed before each timed run

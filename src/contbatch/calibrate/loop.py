@@ -1,14 +1,14 @@
 """Step times of a real engine run: what the engine loop spends per step, runner included.
 
-`StepRecorder` instruments one `LLMEngine` for the length of a `with` block: it records, per
-non-empty step, the scheduler's `SchedulerOutput`, the runner's execute time and the step's
-*cycle* time, from the start of this `engine.step()` call to the start of the next one. The cycle
-is what the simulator's clock advances by per step (the next schedule happens when the previous
-step's results are applied and the loop has taken in new arrivals). A step after which the
-engine had nothing left to run is followed by idle waiting, not work: it has no cycle time.
+`StepRecorder` observes one `LLMEngine`'s step loop for the length of a `with` block (it joins
+the loop's observers and times the loop's executor): it records, per non-empty step, the
+scheduler's `SchedulerOutput`, the executor's time and the step's *cycle* time, from the start
+of this step to the start of the next. The cycle is what the simulator's clock advances by per
+step (the next schedule happens when the previous step's results are applied and the loop has
+taken in new arrivals). A step after which the engine had nothing left to run is followed by
+idle waiting, not work: it has no cycle time.
 
-The instrumentation wraps the engine's own bound methods (`scheduler.schedule`,
-`runner.execute`, `step`) and restores them on exit; it changes nothing they do.
+On exit the loop is as it was (observer and executor restored); nothing it does changes.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from contbatch.calibrate.fit import StepSample
-from contbatch.core.outputs import SchedulerOutput
+from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.engine.llm_engine import LLMEngine
+from contbatch.loop import Executor, StepObserver, StepRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,61 +44,52 @@ class LoopStep:
         )
 
 
-class StepRecorder:
+class _TimedExecutor:
+    """The loop's executor, timed (perf_counter seconds of its last `execute`)."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.last_s = 0.0
+
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        start = time.perf_counter()
+        try:
+            return self.inner.execute(out)
+        finally:
+            self.last_s = time.perf_counter() - start
+
+
+class StepRecorder(StepObserver):
     """`with StepRecorder(engine) as recorder: ...` then `recorder.steps()`."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        # per engine.step() call: (start, output or None for an empty step, execute s, busy after)
-        self._calls: list[tuple[float, SchedulerOutput | None, float, bool]] = []
-        self._out: SchedulerOutput | None = None
-        self._execute_s = 0.0
+        self._timed = _TimedExecutor(engine.core.executor)
+        # per step: (output, start, execute s, busy after)
+        self._records: list[tuple[SchedulerOutput, float, float, bool]] = []
 
     def __enter__(self) -> StepRecorder:
-        engine = self.engine
-        schedule, execute, step = engine.scheduler.schedule, engine.runner.execute, engine.step
-
-        def timed_schedule(now: float) -> SchedulerOutput:
-            self._out = out = schedule(now)
-            return out
-
-        def timed_execute(out: SchedulerOutput, seqs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return execute(out, seqs)
-            finally:
-                self._execute_s = time.perf_counter() - start
-
-        def timed_step() -> Any:
-            start = time.perf_counter()
-            self._out, self._execute_s = None, 0.0
-            outputs = step()
-            out = self._out if self._out is not None and not self._out.is_empty else None
-            self._calls.append((start, out, self._execute_s, engine.has_unfinished()))
-            return outputs
-
-        setattr(engine.scheduler, "schedule", timed_schedule)  # noqa: B010 - an instance attribute shadows the method
-        setattr(engine.runner, "execute", timed_execute)  # noqa: B010
-        setattr(engine, "step", timed_step)  # noqa: B010
+        core = self.engine.core
+        core.executor = self._timed
+        core.observers.append(self)
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        for owner, name in (
-            (self.engine.scheduler, "schedule"),
-            (self.engine.runner, "execute"),
-            (self.engine, "step"),
-        ):
-            vars(owner).pop(name, None)
+        core = self.engine.core
+        core.executor = self._timed.inner
+        core.observers.remove(self)
+
+    def on_step(self, record: StepRecord) -> None:
+        self._records.append((record.out, record.start_ts, self._timed.last_s, self.engine.has_unfinished()))
 
     def steps(self) -> list[LoopStep]:
-        """Every non-empty step recorded so far, in order."""
+        """Every step recorded so far, in order."""
         found: list[LoopStep] = []
-        for i, (start, out, execute_s, busy) in enumerate(self._calls):
-            if out is None:
-                continue
-            following = self._calls[i + 1][0] if i + 1 < len(self._calls) else None
+        records = self._records
+        for i, (out, start, execute_s, busy) in enumerate(records):
+            following = records[i + 1][1] if i + 1 < len(records) else None
             cycle = 1000.0 * (following - start) if busy and following is not None else None
             found.append(LoopStep(out, 1000.0 * execute_s, cycle))
         return found

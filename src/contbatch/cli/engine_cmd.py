@@ -76,7 +76,7 @@ def engine_config(args: argparse.Namespace, kind: str = "continuous", *, model: 
 
 def run_generate_command(args: argparse.Namespace) -> int:
     from contbatch.engine.api import LLM
-    from contbatch.engine.sampling import SamplingParams
+    from contbatch.loop.params import SamplingParams
 
     try:
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,

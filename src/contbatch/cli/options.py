@@ -16,7 +16,7 @@ from typing import Any
 from contbatch.core import SCHEDULERS, ConfigError, SchedulerConfig, seed_config
 from contbatch.core.config import PRESETS, parse_value
 from contbatch.metrics import SLO
-from contbatch.sim.cost import CostModel, CostSpecError, UnitCost, parse_cost
+from contbatch.sim.cost import CostModel, CostSpecError, UnitCost, cost_help, parse_cost
 from contbatch.traces import Trace, TraceError, builtin_trace_names, load_trace
 
 
@@ -55,9 +55,8 @@ class RunOptions:
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     names = ", ".join(builtin_trace_names())
     parser.add_argument("--trace", default="seed", help=f"a built-in trace ({names}) or a .jsonl/.csv file")
-    parser.add_argument(
-        "--cost", default="unit:8", help="cost model: unit:C (C token-work per tick) or affine[:k=v,...] (seconds)"
-    )
+    cost_kinds = cost_help().replace("%", "%%")  # argparse formats help with %
+    parser.add_argument("--cost", default="unit:8", help=f"cost model (default %(default)s), one of: {cost_kinds}")
     parser.add_argument(
         "--preset",
         choices=sorted(PRESETS),

@@ -24,7 +24,7 @@ from contbatch.metrics import (
     write_requests_csv,
     write_requests_jsonl,
 )
-from contbatch.plots import StepRecord, StepRecorder, write_run_plots
+from contbatch.plots import StepPoint, StepSeries, write_run_plots
 from contbatch.sim.loop import SimResult, simulate
 
 UNIT_NAMES = {"s": "seconds", "tick": "ticks"}
@@ -35,26 +35,26 @@ class Outcome:
     sim: SimResult
     summary: dict[str, object]
     groups: dict[str, dict[str, dict[str, object]]]  # group key -> group value -> group summary
-    steps: tuple[StepRecord, ...] = ()  # one record per step, kept only when plotting (--plot)
+    steps: tuple[StepPoint, ...] = ()  # one point per step, kept only when plotting (--plot)
 
 
 def run_all(opts: RunOptions) -> dict[str, Outcome]:
     outcomes: dict[str, Outcome] = {}
     for variant in opts.variants:
         scheduler = make_scheduler(variant.scheduler, variant.config)
-        recorder = StepRecorder(opts.cost) if opts.plot_dir is not None else None
+        series = StepSeries() if opts.plot_dir is not None else None
         sim = simulate(
             opts.trace,
             scheduler,
             opts.cost,
             acceptance_rate=opts.acceptance_rate,
-            on_step=recorder,
+            observers=[series] if series is not None else (),
             keep_timelines=not opts.streaming,
         )
         summary = sim.summary(opts.slo)
         summary.update(sim.run_stats())
         groups = {key: summarize_by(sim.timelines, key, time_unit=sim.time_unit, slo=opts.slo) for key in opts.group_by}
-        steps = tuple(recorder.records) if recorder is not None else ()
+        steps = tuple(series.points) if series is not None else ()
         outcomes[variant.label] = Outcome(sim, summary, groups, steps)
     return outcomes
 

@@ -20,6 +20,7 @@ from typing import Any
 from contbatch.cli.options import UsageError, cost_model, scheduler_config
 from contbatch.core import SCHEDULERS
 from contbatch.core.config import PRESETS
+from contbatch.sim.cost import cost_help
 
 SERVER_DEFAULTS: tuple[str, ...] = ("lifecycle.output_credits=256", "lifecycle.max_waiting=1024")
 
@@ -32,8 +33,15 @@ def add_serve_parser(commands: Any) -> None:
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics.",
     )
     serve.add_argument("--backend", default="sim", help="sim (the cost model paced in real time) or engine")
-    serve.add_argument("--cost", default="affine", help="sim backend: cost model in seconds, affine[:k=v,...]")
+    serve.add_argument(
+        "--cost",
+        default="affine",
+        help=f"sim backend: cost model in seconds, one of: {cost_help('s')}".replace("%", "%%"),
+    )
     serve.add_argument("--model", help="engine: a local checkpoint directory; sim: the model name served")
+    serve.add_argument(
+        "--kv-cache-memory", type=float, default=None, metavar="MIB", help="engine: KV cache size in MiB (default 256)"
+    )
     serve.add_argument("--served-model-name", help="the model id clients name (default: --model, or contbatch-sim)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -60,7 +68,7 @@ def add_serve_parser(commands: Any) -> None:
 def build_app(args: argparse.Namespace) -> Any:
     """The FastAPI app the flags describe; `UsageError` for a bad flag."""
     from contbatch.server.app import create_app
-    from contbatch.server.backends import BackendError, make_backend
+    from contbatch.server.backends import BackendError, BackendOptions, make_backend
     from contbatch.server.client import DriverClient
     from contbatch.server.serving import ServerConfig
     from contbatch.sim.cost import AffineCost
@@ -72,13 +80,15 @@ def build_app(args: argparse.Namespace) -> Any:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     if args.shutdown_grace < 0:
         raise UsageError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
+    if args.kv_cache_memory is not None and not args.kv_cache_memory > 0:
+        raise UsageError(f"--kv-cache-memory must be > 0 MiB, got {args.kv_cache_memory}")
     cost = cost_model(args.cost) if args.backend == "sim" else None
     overrides = [*SERVER_DEFAULTS, *args.overrides]
     config = scheduler_config(args.preset, cost if cost is not None else AffineCost(), overrides)
     try:
-        backend = make_backend(
-            args.backend, config, cost=cost, model=args.model, served_model_name=args.served_model_name
-        )
+        kv_bytes = int(args.kv_cache_memory * 1024**2) if args.kv_cache_memory is not None else None
+        options = BackendOptions(cost, args.model, args.served_model_name, kv_bytes)
+        backend = make_backend(args.backend, config, options)
     except BackendError as exc:
         raise UsageError(f"--backend {args.backend}: {exc}") from None
     server_config = ServerConfig(

@@ -153,6 +153,8 @@ class Admission(SchedulerBase):
             self.stats.num_prefix_hit_tokens += request.num_computed_tokens
         if swapped_in:
             step.swapped_in.append((request.request_id, swapped_in))
+        else:
+            step.new_requests.append(request)
         if _is_partial(request, chunk):
             step.num_new_partial_prefills += 1
         step.budget.try_consume(chunk.num_new_tokens)

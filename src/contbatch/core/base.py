@@ -13,12 +13,13 @@ A subclass supplies `schedule(now)`. Invariants kept here:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.core.lifecycle import next_timer, timeout_reason
 from contbatch.core.memory import Memory
-from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
-from contbatch.core.queue import FairQueue, make_queue
+from contbatch.core.outputs import AddDecision, ScheduledChunk, SchedulerOutput, StepResult
+from contbatch.core.queue import make_queue
 from contbatch.core.request import Request
 from contbatch.core.stats import SchedulerStats
 from contbatch.core.status import FinishReason, RequestStatus
@@ -33,7 +34,6 @@ class SchedulerBase(ABC):
         self.waiting = make_queue(
             config.queue_order, aging_rate=config.aging_rate, tenant_weights=config.tenants.weight_map
         )
-        self._charges_service = isinstance(self.waiting, FairQueue)
         self.running: list[Request] = []
         self.last_output: SchedulerOutput | None = None
         self.num_finished = 0
@@ -93,7 +93,7 @@ class SchedulerBase(ABC):
         room = request.max_output_tokens - request.num_output_tokens
         kept = tuple(token_ids) if len(token_ids) <= room else tuple(token_ids[:room])
         request.append_output(kept, now)
-        if self._charges_service:
+        if self.waiting.charges_service:
             self.waiting.charge(request, len(kept))
         if result.finished and chunk.request_id in result.finished:
             return  # the executor's reason (stop, error) wins over length
@@ -127,13 +127,15 @@ class SchedulerBase(ABC):
                 done.append(request)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def add_request(self, request: Request, now: float) -> bool:
-        """Queue `request`, or finish it at once as REJECTED; True when queued."""
-        if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in the scheduler")
+    def add_request(self, request: Request, now: float) -> AddDecision:
+        """Queue `request`, or finish it at once as REJECTED (with the kind and the reason).
+        ValueError for an id already in the scheduler or a request that is not new."""
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already in the scheduler")
         if request.status is not RequestStatus.WAITING:
-            raise ValueError(f"request {request.request_id!r} is {request.status.value}, not new")
-        self.requests[request.request_id] = request
+            raise ValueError(f"request {rid!r} is {request.status.value}, not new")
+        self.requests[rid] = request
         kind, reason = self.rejection(request)
         bound = self.config.lifecycle.max_waiting
         if not reason and bound is not None and len(self.waiting) >= bound + self._free_seats():
@@ -141,9 +143,38 @@ class SchedulerBase(ABC):
         if reason:
             self.stats.reject(kind)
             self._finish(request, FinishReason.REJECTED, now, reason)
-            return False
+            return AddDecision(rid, False, kind, reason)
         self.waiting.push(request)
-        return True
+        return AddDecision(rid, True)
+
+    def unfinished_requests(self) -> Iterable[Request]:
+        """The unfinished requests (a live view: do not finish requests while iterating it)."""
+        return self.requests.values()
+
+    def contains(self, request_id: str) -> bool:
+        """Whether `request_id` is an unfinished request of this scheduler."""
+        return request_id in self.requests
+
+    def get(self, request_id: str) -> Request | None:
+        """The unfinished request `request_id`, or None."""
+        return self.requests.get(request_id)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_paused(self) -> int:
+        """Running requests paused because their client has not read (no output credits)."""
+        return sum(1 for r in self.running if r.paused_since is not None and r.status is RequestStatus.RUNNING)
 
     def _free_seats(self) -> int:
         """Running slots free now: requests queued for them are about to start, not waiting."""
@@ -236,3 +267,6 @@ class SchedulerBase(ABC):
         ids = tuple(self._finished_since_output)
         self._finished_since_output.clear()
         return ids
+
+    def _take_block_deltas(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        return self.memory.kv.take_block_deltas() if self.memory is not None else []

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contbatch.core.queue import QUEUE_ORDERS
+
 
 class ConfigError(ValueError):
     """A configuration value or name is invalid; the message names the field."""
@@ -55,7 +57,6 @@ def _require_fraction(name: str, value: object) -> None:
 
 
 ADMISSION_MODES = ("reserve", "optimistic", "estimate")
-QUEUE_ORDERS = ("fcfs", "priority", "deadline", "aging", "fair")
 PAUSE_ACTIONS = ("preempt", "cancel")
 PREEMPTION_MODES = ("recompute", "swap")
 VICTIM_CHOICES = ("newest", "lowest_priority", "fewest_generated")
@@ -167,7 +168,7 @@ class SchedulerConfig:
     max_skip_age: float | None = None  # ... unless it has waited this long (clock units); None: no limit
     batch_buckets: tuple[int, ...] = ()  # allowed step sizes in tokens (CUDA-graph captures); () = none
     num_speculative_tokens: int = 0  # draft tokens verified per decode step (engine semantics only)
-    queue_order: str = "fcfs"  # fcfs, priority, deadline, aging, fair (see contbatch.core.queue)
+    queue_order: str = "fcfs"  # a name in contbatch.core.queue.QUEUE_ORDERS
     aging_rate: float = 1.0  # aging: priority levels gained per clock unit of waiting
     priority_preemption: int | None = None  # a waiting request whose priority value is this much lower preempts
     kv: KVConfig | None = None  # paged-KV memory; None: unlimited
@@ -185,7 +186,7 @@ class SchedulerConfig:
         if self.max_skip_age is not None and not _is_number(self.max_skip_age, minimum=0.0):
             raise ConfigError(f"scheduler config: max_skip_age must be a number >= 0, got {self.max_skip_age!r}")
         self._check_buckets()
-        _require_choice("queue_order", self.queue_order, QUEUE_ORDERS)
+        _require_choice("queue_order", self.queue_order, tuple(QUEUE_ORDERS))
         if not _is_number(self.aging_rate, minimum=0.0) or self.aging_rate <= 0:
             raise ConfigError(f"scheduler config: aging_rate must be a number > 0, got {self.aging_rate!r}")
         if self.priority_preemption is not None:

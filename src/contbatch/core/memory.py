@@ -91,7 +91,7 @@ class Memory:
             return self._swap_in(request, end, alone=alone)
         if self.shortfall(request, end, alone=alone):
             return None
-        hold = self._hold(request, end)
+        hold = self.first_hold(request, end)
         if not kv.allocate(request.request_id, hold, block_hashes=request.block_hashes).granted:
             return None
         self._sync(request)
@@ -99,7 +99,7 @@ class Memory:
             self._future_blocks += self._expected_growth(request)
         return ()
 
-    def _hold(self, request: Request, end: int) -> int:
+    def first_hold(self, request: Request, end: int) -> int:
         """Tokens to allocate at admission: the whole reservation, or the first chunk."""
         return request.num_prompt_tokens + request.max_output_tokens if self.config.admission == "reserve" else end
 
@@ -108,10 +108,10 @@ class Memory:
         were `extra_free` more blocks free."""
         kv = self.kv
         if kv.is_swapped(request.request_id):
-            need = max(kv.num_blocks_for(self._hold(request, end)), kv.num_held_host_blocks(request.request_id))
+            need = max(kv.num_blocks_for(self.first_hold(request, end)), kv.num_held_host_blocks(request.request_id))
             margin = 0 if alone else self.watermark_blocks
         else:
-            hold = self._hold(request, end)
+            hold = self.first_hold(request, end)
             # thrash guard: a request preempted before comes back only when all it knew fits again
             room = max(hold, request.num_known_tokens) if request.num_preemptions else hold
             need = max(kv.num_blocks_for(room) - kv.match_prefix(request.block_hashes), 0)
@@ -125,7 +125,7 @@ class Memory:
         if self.shortfall(request, end, alone=alone):
             return None
         grant = kv.swap_in(request.request_id)
-        kv.allocate(request.request_id, self._hold(request, end))  # fits: checked above
+        kv.allocate(request.request_id, self.first_hold(request, end))  # fits: checked above
         self._sync(request)
         self.stats.num_swap_ins += 1
         self.stats.num_swapped_in_blocks += len(grant.new_block_ids)

@@ -3,6 +3,19 @@
 `SchedulerOutput` says what one step computes; `StepResult` says what came out of it. Both are
 frozen: an executor (the simulator's cost model or the real engine) may read them, never change
 them. Every field states its unit and invariant.
+
+The output is self-sufficient, as vLLM's: an executor that applies every output in order, and
+nothing else, knows each request it must compute, its token ids and its block table. It applies,
+in this order: `finished_ids` (forget the request), `preempted_ids` (a request not also in
+`swapped_out` lost its KV: forget it; it comes back in `new_requests`), `swapped_out` (copy
+those blocks to host memory; the request keeps its tokens, its table is empty),
+`new_requests` (start a request: its token ids and parameters), `swapped_in` (copy the host
+copy into these device blocks), `block_deltas` (cut each table to `num_kept` blocks, then
+append `added`: a new, resumed or swapped-in request gets its whole table this way), then it
+computes `chunks`. A request's own sampled tokens are the executor's to keep: the scheduler
+keeps every sampled token of a request that goes on running.
+
+`AddDecision` is the scheduler's answer to `add_request`.
 """
 
 from __future__ import annotations
@@ -15,6 +28,41 @@ from typing import NamedTuple
 from contbatch.core.status import FinishReason
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class AddDecision:
+    """What `add_request` did: queued (it waits for a step to admit it) or rejected at once.
+    Admission into the running set happens only inside `schedule`. Truthy when queued."""
+
+    request_id: str
+    queued: bool
+    reject_kind: str = ""  # rejected only: max_model_len, kv_capacity, token_budget, tenant_quota, queue_full
+    reason: str = ""  # rejected only: why, in words
+
+    def __bool__(self) -> bool:
+        return self.queued
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    """A request the executor must start: scheduled for the first time, or resumed after a
+    preemption that dropped its KV (recompute). Its blocks come in the same output's
+    `block_deltas`."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]  # empty when the scheduler knows lengths only (the simulator)
+    output_token_ids: tuple[int, ...]  # outputs sampled before a preemption; () on a first admission
+    params: object  # the executor's per-request parameters, as given with the request
+
+
+class BlockDelta(NamedTuple):
+    """One request's device block table changed since the previous output: keep its first
+    `num_kept` blocks (the rest were released), then append `added`, in token order."""
+
+    request_id: str
+    num_kept: int
+    added: tuple[int, ...]
 
 
 class ScheduledChunk(NamedTuple):
@@ -46,6 +94,8 @@ class SchedulerOutput:
     # steady decodes (one token each, sampling) left out of `chunks` but counted in every total:
     # a decode run's step shape (contbatch.core.span), priced without listing its requests
     num_omitted_decodes: int = 0
+    new_requests: tuple[NewRequestData, ...] = ()  # requests the executor must start before this step
+    block_deltas: tuple[BlockDelta, ...] = ()  # block tables changed since the previous output
 
     def __post_init__(self) -> None:
         expected = len(self.chunks) + self.num_omitted_decodes
@@ -71,6 +121,8 @@ def build_output(
     finished_ids: tuple[str, ...] = (),
     swapped_out: tuple[tuple[str, tuple[int, ...]], ...] = (),
     swapped_in: tuple[tuple[str, tuple[int, ...]], ...] = (),
+    new_requests: tuple[NewRequestData, ...] = (),
+    block_deltas: tuple[BlockDelta, ...] = (),
 ) -> SchedulerOutput:
     """A `SchedulerOutput` whose totals are derived from `chunks` (so they cannot disagree)."""
     batched = prefill = context = 0
@@ -92,6 +144,8 @@ def build_output(
         swapped_out=swapped_out,
         swapped_in=swapped_in,
         num_requests=len(chunks),
+        new_requests=new_requests,
+        block_deltas=block_deltas,
     )
 
 

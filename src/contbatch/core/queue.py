@@ -17,6 +17,14 @@ whom. Chosen by name (`SchedulerConfig.queue_order`):
   candidate is the head of the backlogged tenant with the smallest counter. A tenant that
   becomes backlogged starts no lower than the smallest counter of the backlogged tenants.
 
+Registry: `QUEUE_ORDERS` maps each name to a `QueueOrder` (a factory taking `QueueOptions`, and a
+one-line help). `SchedulerConfig` accepts exactly its names and `make_queue` builds from it, so
+adding an order is a class (or a key) here plus one entry, and its test.
+
+Capabilities (class attributes, read by the scheduler instead of testing the queue's type):
+- `charges_service`: the order prices output tokens, so the scheduler must call
+  `charge(request, num_tokens)` for every output token it grants (True only for `fair`).
+
 Invariant: a request id appears at most once; `candidates` never yields a request twice.
 """
 
@@ -26,16 +34,18 @@ import bisect
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 from contbatch.core.request import Request
-
-QUEUE_ORDERS = ("fcfs", "priority", "deadline", "aging", "fair")
 
 
 class WaitingQueue:
     """First come, first served."""
 
     __slots__ = ("_queue",)
+
+    charges_service: ClassVar[bool] = False  # call `charge` for output tokens (see the module docstring)
 
     def __init__(self) -> None:
         self._queue: deque[Request] = deque()
@@ -111,6 +121,8 @@ class FairQueue(WaitingQueue):
 
     __slots__ = ("_counters", "_queues", "_weights")
 
+    charges_service: ClassVar[bool] = True  # output tokens raise the tenant's counter
+
     def __init__(self, weights: Mapping[str, float]) -> None:
         super().__init__()
         self._weights = dict(weights)
@@ -177,15 +189,48 @@ class FairQueue(WaitingQueue):
         self._counters[tenant] = self._counters.get(tenant, 0.0) + num_tokens / self._weight(tenant)
 
 
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """What a queue order may read from the scheduler config."""
+
+    aging_rate: float = 0.0  # SchedulerConfig.aging_rate
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)  # TenantConfig.weight_map
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOrder:
+    """One entry of `QUEUE_ORDERS`: how to build the queue, and a line saying what order it keeps."""
+
+    make: Callable[[QueueOptions], WaitingQueue]
+    help: str
+
+
+def _priority(request: Request) -> float:
+    return float(request.priority)
+
+
+def _deadline(request: Request) -> float:
+    return request.deadline_ts if request.deadline_ts is not None else float("inf")
+
+
+def _aging(options: QueueOptions) -> WaitingQueue:
+    rate = options.aging_rate
+    return KeyedQueue(lambda r: r.priority + rate * r.arrival_ts)
+
+
+QUEUE_ORDERS: dict[str, QueueOrder] = {
+    "fcfs": QueueOrder(lambda _: WaitingQueue(), "arrival order; preempted requests go back to the front"),
+    "priority": QueueOrder(lambda _: KeyedQueue(_priority), "lower priority value first, ties by arrival"),
+    "deadline": QueueOrder(lambda _: KeyedQueue(_deadline), "earliest deadline first (none: last), ties by arrival"),
+    "aging": QueueOrder(_aging, "priority - aging_rate x time waited, lowest first"),
+    "fair": QueueOrder(lambda o: FairQueue(o.tenant_weights), "tenant with the smallest virtual token counter first"),
+}
+"""The queue orders by name: `SchedulerConfig.queue_order` is one of these keys."""
+
+
 def make_queue(order: str, *, aging_rate: float, tenant_weights: Mapping[str, float]) -> WaitingQueue:
-    if order == "fcfs":
-        return WaitingQueue()
-    if order == "priority":
-        return KeyedQueue(lambda r: float(r.priority))
-    if order == "deadline":
-        return KeyedQueue(lambda r: r.deadline_ts if r.deadline_ts is not None else float("inf"))
-    if order == "aging":
-        return KeyedQueue(lambda r: r.priority + aging_rate * r.arrival_ts)
-    if order == "fair":
-        return FairQueue(tenant_weights)
-    raise ValueError(f"unknown queue order {order!r}; known: {', '.join(QUEUE_ORDERS)}")
+    """A new, empty queue of the order named `order`; ValueError for a name not in `QUEUE_ORDERS`."""
+    entry = QUEUE_ORDERS.get(order)
+    if entry is None:
+        raise ValueError(f"unknown queue order {order!r}; known: {', '.join(QUEUE_ORDERS)}")
+    return entry.make(QueueOptions(aging_rate=aging_rate, tenant_weights=tenant_weights))

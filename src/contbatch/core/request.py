@@ -8,7 +8,8 @@ Invariants:
 - 0 <= num_computed_tokens <= num_known_tokens (prompt + outputs so far);
 - num_output_tokens <= max_output_tokens; output tokens only grow;
 - `status` moves only along the edges of `contbatch.core.status` (checked on every move);
-- FINISHED happens once, and the timeline records the same reason.
+- FINISHED happens once, and the timeline records the same reason;
+- `prompt_token_ids` is empty (the simulator knows lengths only) or has `num_prompt_tokens` ids.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ class Request:
         "num_prompt_tokens",
         "num_sent_tokens",
         "output_token_ids",
+        "params",
         "paused_since",
         "paused_time",
         "priority",
+        "prompt_token_ids",
         "recompute_until",
         "request_id",
         "status",
@@ -52,11 +55,17 @@ class Request:
         tenant: str | None = None,
         deadline_ts: float | None = None,
         block_hashes: tuple[int, ...] = (),
+        prompt_token_ids: tuple[int, ...] = (),
+        params: object = None,
     ) -> None:
         if num_prompt_tokens < 1:
             raise ValueError(f"request {request_id!r}: num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
         if max_output_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_output_tokens must be >= 1, got {max_output_tokens}")
+        if prompt_token_ids and len(prompt_token_ids) != num_prompt_tokens:
+            raise ValueError(
+                f"request {request_id!r}: {len(prompt_token_ids)} prompt token ids, {num_prompt_tokens} prompt tokens"
+            )
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.max_output_tokens = max_output_tokens
@@ -69,6 +78,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_preemptions = 0
         self.block_hashes = block_hashes  # one hash per full prompt block, for prefix caching
+        self.prompt_token_ids = prompt_token_ids  # empty when only lengths are known (the simulator)
+        self.params = params  # the executor's per-request parameters (sampling); the scheduler never reads them
         self.recompute_until = 0  # positions below this were computed before a recompute preemption
         self.num_sent_tokens = 0  # output tokens the client has taken (acknowledged)
         self.kv_capacity = 0  # tokens its device KV blocks can hold (kept by contbatch.core.memory)

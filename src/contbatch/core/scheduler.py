@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 
 from contbatch.core.admission import Admission
+from contbatch.core.fastforward import FastForward, may_fast_forward
 from contbatch.core.lifecycle import paused_too_long
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
 from contbatch.core.request import Request
@@ -67,9 +68,29 @@ class ContinuousScheduler(Admission):
         if self.memory is not None:
             self.memory.end_step(preempted=step.grew_by_preempting)
         padding = self._bucket_padding(self.config.max_num_batched_tokens - step.budget.remaining)
-        out = step.build(self._next_step_id(), num_padding_tokens=padding, finished_ids=self._take_finished_ids())
+        out = step.build(
+            self._next_step_id(),
+            num_padding_tokens=padding,
+            finished_ids=self._take_finished_ids(),
+            block_deltas=self._take_block_deltas(),
+        )
         self.last_output = out
         return out
+
+    def fast_forward(self) -> FastForward | None:
+        """The API for taking the coming steps in bulk (`contbatch.core.fastforward`), or None
+        when they are not all foregone: the configuration or the queue rules it out, or a running
+        request is not steadily decoding or holds more blocks than its next token needs."""
+        if not may_fast_forward(self):
+            return None
+        ff = FastForward(self)
+        for r in self.running:
+            computed = r.num_computed_tokens
+            if computed != r.num_known_tokens - 1 or computed < r.num_prompt_tokens:
+                return None
+            if ff.tracks_growth and not 0 <= r.kv_capacity - computed < ff.block_size:
+                return None
+        return ff
 
     def rejection(self, request: Request) -> tuple[str, str]:
         kind, reason = super().rejection(request)

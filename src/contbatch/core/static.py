@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from contbatch.core.base import SchedulerBase
 from contbatch.core.config import SchedulerConfig
-from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
+from contbatch.core.outputs import BlockDelta, ScheduledChunk, SchedulerOutput, build_output
 from contbatch.core.plan import plan_chunk
 from contbatch.core.request import Request
+from contbatch.core.step import new_request_data
 
 
 class StaticScheduler(SchedulerBase):
@@ -28,14 +29,20 @@ class StaticScheduler(SchedulerBase):
 
     def schedule(self, now: float) -> SchedulerOutput:
         self.expire_timeouts(now)
+        new: list[Request] = []
         if not self.running:
-            self.batch = self._form_batch(now)
+            self.batch = new = self._form_batch(now)
             padding = self._prompt_padding()
         else:
             padding = len(self.batch) - len(self.running)  # idle slots of finished members
         chunks = [self._whole_chunk(r) for r in self.running]
         out = build_output(
-            self._next_step_id(), chunks, num_padding_tokens=padding, finished_ids=self._take_finished_ids()
+            self._next_step_id(),
+            chunks,
+            num_padding_tokens=padding,
+            finished_ids=self._take_finished_ids(),
+            new_requests=tuple(new_request_data(r) for r in new),
+            block_deltas=tuple(BlockDelta(*d) for d in self._take_block_deltas()),
         )
         self.last_output = out
         return out

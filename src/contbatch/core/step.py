@@ -8,7 +8,7 @@ sum of the chunks' tokens; `unschedule` refunds exactly what `add` consumed.
 from __future__ import annotations
 
 from contbatch.core.budget import TokenBudget
-from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
+from contbatch.core.outputs import BlockDelta, NewRequestData, ScheduledChunk, SchedulerOutput, build_output
 from contbatch.core.request import Request
 
 
@@ -18,6 +18,7 @@ class StepBuilder:
         "budget",
         "chunks",
         "grew_by_preempting",
+        "new_requests",
         "num_new_partial_prefills",
         "preempted_ids",
         "requeue",
@@ -35,6 +36,7 @@ class StepBuilder:
         self.grew_by_preempting = False  # a running request took a victim's memory this step
         self.admitted_ids: set[str] = set()  # admitted this step: never preempted in the same step
         self.requeue: list[Request] = []  # preempted during admission: back to the queue afterwards
+        self.new_requests: list[Request] = []  # admitted with no KV of their own yet: the executor starts them
 
     def add(self, chunk: ScheduledChunk) -> None:
         """Record `chunk`; its tokens were already taken from the budget by the caller's plan."""
@@ -45,7 +47,14 @@ class StepBuilder:
         if chunk is not None:
             self.budget.refund(chunk.num_new_tokens)
 
-    def build(self, step_id: int, *, num_padding_tokens: int, finished_ids: tuple[str, ...]) -> SchedulerOutput:
+    def build(
+        self,
+        step_id: int,
+        *,
+        num_padding_tokens: int,
+        finished_ids: tuple[str, ...],
+        block_deltas: list[tuple[str, int, tuple[int, ...]]],
+    ) -> SchedulerOutput:
         return build_output(
             step_id,
             list(self.chunks.values()),
@@ -54,4 +63,12 @@ class StepBuilder:
             finished_ids=finished_ids,
             swapped_out=tuple(self.swapped_out),
             swapped_in=tuple(self.swapped_in),
+            new_requests=tuple(new_request_data(r) for r in self.new_requests),
+            block_deltas=tuple(BlockDelta(*d) for d in block_deltas),
         )
+
+
+def new_request_data(request: Request) -> NewRequestData:
+    """What an executor needs to start `request` (its outputs so far only when it has token ids)."""
+    outputs = tuple(request.output_token_ids) if request.prompt_token_ids and request.num_output_tokens else ()
+    return NewRequestData(request.request_id, request.prompt_token_ids, outputs, request.params)

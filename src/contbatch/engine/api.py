@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from contbatch.core import FinishReason, Timeline
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
-from contbatch.engine.sampling import SamplingParams
+from contbatch.loop.params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,9 +42,11 @@ class LLM:
         per_prompt = _params_for(batch, params)
         requests = [self.engine.add_request(p, sp) for p, sp in zip(batch, per_prompt, strict=True)]
         texts = {r.request_id: "" for r in requests}
+        outputs = self.engine.core.take_outputs()  # rejections, at once
         while self.engine.has_unfinished():
-            for output in self.engine.step():
-                texts[output.request_id] += output.text
+            outputs += self.engine.step()
+        for output in outputs + self.engine.core.take_outputs():
+            texts[output.request_id] += output.text
         return [
             CompletionOutput(
                 r.request_id,

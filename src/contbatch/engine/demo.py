@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from contbatch.engine.demo_corpus import demo_corpus
+from contbatch.engine.spec import ARCHITECTURES, parse_config
 
 DEMO_DIR_NAME = "demo-model"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>")
@@ -59,7 +60,7 @@ class DemoShape:
     vocab_size: int = 32_000
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    model_type: str = "llama"  # llama | mistral | qwen2 (qwen2 adds q/k/v biases)
+    model_type: str = "llama"  # a key of contbatch.engine.spec.ARCHITECTURES (qwen2 adds q/k/v biases)
     rope_theta: float = 10000.0
     rope_scaling: tuple[tuple[str, float | str], ...] = ()  # e.g. (("rope_type", "linear"), ("factor", 2.0))
     init_std: float = 0.02
@@ -70,10 +71,9 @@ DEMO_SHAPE = DemoShape()
 
 def model_config(shape: DemoShape, *, demo: bool = True) -> dict[str, object]:
     """config.json contents (transformers 4.x spellings, which 5.x reads too)."""
+    arch = ARCHITECTURES[shape.model_type]
     config: dict[str, object] = {
-        "architectures": [
-            {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}.get(shape.model_type, "Qwen2ForCausalLM")
-        ],
+        "architectures": [arch.hf_class],
         "model_type": shape.model_type,
         "hidden_size": shape.hidden_size,
         "intermediate_size": shape.intermediate_size,
@@ -94,8 +94,7 @@ def model_config(shape: DemoShape, *, demo: bool = True) -> dict[str, object]:
         "torch_dtype": "float32",
         "initializer_range": shape.init_std,
     }
-    if shape.model_type == "mistral":
-        config["sliding_window"] = None
+    config.update(arch.full_attention_config)
     if demo:
         config["contbatch_demo"] = True
     return config
@@ -103,6 +102,7 @@ def model_config(shape: DemoShape, *, demo: bool = True) -> dict[str, object]:
 
 def random_weights(shape: DemoShape, *, seed: int = 0) -> dict[str, torch.Tensor]:
     """transformers-named float32 weights: normal(0, init_std) matrices, unit norms; same seed, same tensors."""
+    spec = parse_config(model_config(shape, demo=False), source=f"random {shape.model_type} checkpoint")
     generator = torch.Generator().manual_seed(seed)
     h, inter, head_dim = shape.hidden_size, shape.intermediate_size, shape.hidden_size // shape.num_heads
     q, kv = shape.num_heads * head_dim, shape.num_kv_heads * head_dim
@@ -115,12 +115,17 @@ def random_weights(shape: DemoShape, *, seed: int = 0) -> dict[str, torch.Tensor
         p = f"model.layers.{i}."
         for name, rows in (("q", q), ("k", kv), ("v", kv)):
             weights[f"{p}self_attn.{name}_proj.weight"] = normal(rows, h)
-            if shape.model_type == "qwen2":
+            if spec.qkv_bias:
                 weights[f"{p}self_attn.{name}_proj.bias"] = normal(rows)
         weights[f"{p}self_attn.o_proj.weight"] = normal(h, q)
+        if spec.o_bias:
+            weights[f"{p}self_attn.o_proj.bias"] = normal(h)
         weights[f"{p}mlp.gate_proj.weight"] = normal(inter, h)
         weights[f"{p}mlp.up_proj.weight"] = normal(inter, h)
         weights[f"{p}mlp.down_proj.weight"] = normal(h, inter)
+        if spec.mlp_bias:
+            for name, rows in (("gate", inter), ("up", inter), ("down", h)):
+                weights[f"{p}mlp.{name}_proj.bias"] = normal(rows)
         weights[f"{p}input_layernorm.weight"] = torch.ones(h)
         weights[f"{p}post_attention_layernorm.weight"] = torch.ones(h)
     if not shape.tie_word_embeddings:

@@ -1,4 +1,5 @@
-"""The engine's own Llama-family decoder (llama, mistral, qwen2) for inference over a flat batch.
+"""The engine's own Llama-family decoder for inference over a flat batch: one class for every
+`model_type` of `contbatch.engine.spec.ARCHITECTURES` (their differences are `ModelSpec` fields).
 
 What it owns: the weights, in the layout the matmul prefers (pre-transposed `[in, out]` for
 `x @ W_t`, with q/k/v fused into one matrix and gate/up into another), and `forward`, which runs

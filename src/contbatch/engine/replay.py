@@ -16,7 +16,7 @@ import time
 from contbatch.core import Timeline
 from contbatch.core.timeline import EventKind
 from contbatch.engine.llm_engine import LLMEngine
-from contbatch.engine.sampling import SamplingParams
+from contbatch.loop.params import SamplingParams
 from contbatch.traces import Trace
 
 

@@ -22,26 +22,41 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
 from contbatch.core.status import FinishReason
 from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_metadata
-from contbatch.engine.errors import StepError
 from contbatch.engine.kv_cache import PagedKVCache, num_blocks_for_memory
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.model import LlamaModel, default_device, resolve_dtype
-from contbatch.engine.sampling import GREEDY, Sampler, SamplingParams
+from contbatch.engine.sampling import Sampler
 from contbatch.engine.spec import ModelSpec
+from contbatch.loop.executor import StepError
+from contbatch.loop.params import GREEDY, SamplingParams
+
+
+class SequenceView(Protocol):
+    """What the runner needs to know about one scheduled request (read only)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...  # prompt + output tokens so far (covers every position a chunk computes)
+
+    @property
+    def block_table(self) -> Sequence[int]: ...  # device block ids in token order
+
+    @property
+    def params(self) -> SamplingParams: ...
 
 
 @dataclass(frozen=True, slots=True)
 class SequenceState:
-    """What the runner needs to know about one scheduled request."""
+    """A `SequenceView` as a value (tests, calibration grids)."""
 
-    token_ids: Sequence[int]  # prompt + output tokens so far (covers every position a chunk computes)
-    block_table: Sequence[int]  # device block ids in token order (KVCacheManager.block_table)
+    token_ids: Sequence[int]
+    block_table: Sequence[int]
     params: SamplingParams = GREEDY
 
 
@@ -53,7 +68,7 @@ class FlatBatch:
     sample_ids: tuple[str, ...]  # request id of each logits row, in row order
 
 
-def _check_chunk(chunk: ScheduledChunk, seq: SequenceState | None, block_size: int) -> SequenceState:
+def _check_chunk(chunk: ScheduledChunk, seq: SequenceView | None, block_size: int) -> SequenceView:
     rid = chunk.request_id
     if seq is None:
         raise ValueError(f"request {rid!r} is scheduled but has no SequenceState")
@@ -127,7 +142,7 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def execute(self, out: SchedulerOutput, seqs: Mapping[str, SequenceState]) -> StepResult:
+    def execute(self, out: SchedulerOutput, seqs: Mapping[str, SequenceView]) -> StepResult:
         """Run one step (see the module docstring); raises `StepError` naming the step's requests."""
         ids = [c.request_id for c in out.chunks]
         ids += [rid for rid, _ in out.swapped_out] + [rid for rid, _ in out.swapped_in]
@@ -152,7 +167,7 @@ class ModelRunner:
         for rid, block_ids in out.swapped_in:
             self.kv_cache.swap_in(rid, block_ids)
 
-    def build_batch(self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceState]) -> FlatBatch:
+    def build_batch(self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceView]) -> FlatBatch:
         """The flat batch of `chunks` (see the module docstring for the order)."""
         block_size = self.kv_cache.block_size
         tokens: list[int] = []
@@ -182,7 +197,7 @@ class ModelRunner:
         )
 
     def compute_logits(
-        self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceState]
+        self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceView]
     ) -> tuple[tuple[str, ...], torch.Tensor]:
         """(request id per row, float32 logits [rows, vocab]) for the sampling chunks; writes the chunks' KV."""
         batch = self.build_batch(chunks, seqs)
@@ -197,7 +212,7 @@ class ModelRunner:
             generator = self._generators[request_id] = torch.Generator(device="cpu").manual_seed(params.seed)
         return generator
 
-    def _sample(self, sample_ids: Sequence[str], logits: torch.Tensor, seqs: Mapping[str, SequenceState]) -> StepResult:
+    def _sample(self, sample_ids: Sequence[str], logits: torch.Tensor, seqs: Mapping[str, SequenceView]) -> StepResult:
         params = [seqs[rid].params for rid in sample_ids]
         generators = [self._generator(rid, p) for rid, p in zip(sample_ids, params, strict=True)]
         tokens = self.sampler.sample(logits, params, generators)

@@ -1,9 +1,17 @@
 """`ModelSpec`: the shape of a Llama-family model, parsed from a Hugging Face `config.json`.
 
 What it owns: turning the config dict (transformers 4.x or 5.x spellings) into one frozen,
-validated description. Supported `model_type`s: llama, mistral, qwen2 (the same decoder: RMSNorm,
-RoPE, grouped-query attention, SwiGLU MLP). Anything else raises `UnsupportedModel`; a missing or
-ill-typed field raises `CheckpointError`; both messages name the field and the file.
+validated description. Supported `model_type`s are the keys of `ARCHITECTURES`: llama, mistral,
+qwen2 (the same decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP). Anything else raises
+`UnsupportedModel`; a missing or ill-typed field raises `CheckpointError`; both messages name the
+field and the file.
+
+Architectures: `ARCHITECTURES` maps a config.json `model_type` to an `Architecture`, everything
+that differs between them: transformers' class name, which linear layers carry biases, whether
+the config's `sliding_window` applies, and the fields that turn sliding windows off. The loader
+(`expected_shapes`) and the model (`LlamaModel`) read only `ModelSpec` fields, never the
+`model_type`. Adding an architecture of this decoder family is one entry here and its test
+(docs/extending.md).
 
 Spellings accepted:
 - RoPE: 5.x `rope_parameters` {rope_type, rope_theta, ...}; 4.x `rope_theta` + `rope_scaling`
@@ -17,13 +25,12 @@ the length the RoPE configuration supports; no sliding window shorter than max_m
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from contbatch.engine.errors import CheckpointError, UnsupportedModel
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
@@ -50,7 +57,7 @@ class RopeSpec:
 class ModelSpec:
     """A Llama-family decoder. Counts are `num_*`; sizes are in elements."""
 
-    model_type: str  # llama | mistral | qwen2
+    model_type: str  # a key of ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -79,7 +86,7 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
 
-class _Fields:
+class ConfigFields:
     """Typed reads from one config dict; errors name the field and the file."""
 
     def __init__(self, raw: Mapping[str, Any], source: str) -> None:
@@ -125,7 +132,7 @@ def _token_ids(value: object, name: str, source: str) -> tuple[int, ...]:
     return tuple(items)
 
 
-def _rope_dict(f: _Fields) -> dict[str, Any]:
+def _rope_dict(f: ConfigFields) -> dict[str, Any]:
     """The RoPE parameters as one dict in the 5.x layout, whichever spelling the file used."""
     params = f.raw.get("rope_parameters")
     legacy = f.raw.get("rope_scaling")
@@ -147,14 +154,14 @@ def _rope_dict(f: _Fields) -> dict[str, Any]:
     return merged
 
 
-def _parse_rope(f: _Fields, max_position_embeddings: int) -> RopeSpec:
+def _parse_rope(f: ConfigFields, max_position_embeddings: int) -> RopeSpec:
     d = _rope_dict(f)
     rope_type = d["rope_type"]
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModel(
             f"{f.source}: RoPE type {rope_type!r} is not implemented (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    rf = _Fields(d, f"{f.source} (RoPE parameters)")
+    rf = ConfigFields(d, f"{f.source} (RoPE parameters)")
     needs_factor = rope_type != "default"
     factor = rf.float("factor", 1.0)
     if needs_factor and d.get("factor") is None and rope_type != "yarn":
@@ -195,14 +202,9 @@ def _rope_max_len(rope: RopeSpec, max_position_embeddings: int) -> int:
     return max_position_embeddings
 
 
-def _check_sliding_window(f: _Fields, model_type: str, max_model_len: int, num_layers: int) -> None:
+def _check_sliding_window(f: ConfigFields, arch: Architecture, max_model_len: int, num_layers: int) -> None:
     window = f.raw.get("sliding_window")
-    if model_type == "qwen2":
-        layer_types = f.raw.get("layer_types") or ()
-        uses = f.bool("use_sliding_window", False) and f.int("max_window_layers", num_layers, minimum=0) < num_layers
-        if not (uses or "sliding_attention" in layer_types):
-            return
-    if window is None:
+    if window is None or not arch.uses_sliding_window(f, num_layers):
         return
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise f.error(f"field 'sliding_window' must be a positive integer or null, got {window!r}")
@@ -213,7 +215,7 @@ def _check_sliding_window(f: _Fields, model_type: str, max_model_len: int, num_l
         )
 
 
-def _dtype_name(f: _Fields) -> str:
+def _dtype_name(f: ConfigFields) -> str:
     value = f.raw.get("dtype", f.raw.get("torch_dtype")) or "float32"
     if isinstance(value, str) and value.startswith("torch."):
         value = value.removeprefix("torch.")
@@ -222,13 +224,59 @@ def _dtype_name(f: _Fields) -> str:
     return str(value)
 
 
-def _check_architecture(f: _Fields) -> str:
+@dataclass(frozen=True, slots=True)
+class Biases:
+    """Which linear layers carry a bias: q/k/v projections, the output projection, the MLP's three."""
+
+    qkv: bool = False
+    o: bool = False
+    mlp: bool = False
+
+
+def _always(f: ConfigFields, num_layers: int) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """What differs between the `model_type`s of the engine's decoder (one `ARCHITECTURES` entry)."""
+
+    hf_class: str  # transformers' class: config.json's `architectures` entry, e.g. "LlamaForCausalLM"
+    biases: Callable[[ConfigFields], Biases] = lambda f: Biases()  # read from the config
+    # Whether the config's `sliding_window` (when set) applies to some layer; (fields, num_layers) -> bool
+    uses_sliding_window: Callable[[ConfigFields, int], bool] = _always
+    # config.json fields that give full attention in transformers (random checkpoints write them)
+    full_attention_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _llama_biases(f: ConfigFields) -> Biases:
+    attention = f.bool("attention_bias", False)
+    return Biases(qkv=attention, o=attention, mlp=f.bool("mlp_bias", False))
+
+
+def _qwen2_uses_sliding_window(f: ConfigFields, num_layers: int) -> bool:
+    layer_types = f.raw.get("layer_types") or ()
+    uses = f.bool("use_sliding_window", False) and f.int("max_window_layers", num_layers, minimum=0) < num_layers
+    return uses or "sliding_attention" in layer_types
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture("LlamaForCausalLM", biases=_llama_biases),
+    "mistral": Architecture("MistralForCausalLM", full_attention_config={"sliding_window": None}),
+    "qwen2": Architecture(
+        "Qwen2ForCausalLM", biases=lambda f: Biases(qkv=True), uses_sliding_window=_qwen2_uses_sliding_window
+    ),
+}
+"""The supported config.json `model_type`s."""
+
+
+def _check_architecture(f: ConfigFields) -> str:
     model_type = f.raw.get("model_type")
     if model_type is None:
         raise f.error("missing required field 'model_type'")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in ARCHITECTURES:
         raise UnsupportedModel(
-            f"{f.source}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"{f.source}: model_type {model_type!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
         )
     if f.raw.get("quantization_config") is not None:
         raise UnsupportedModel(f"{f.source}: quantized checkpoints (quantization_config) are not supported")
@@ -238,7 +286,7 @@ def _check_architecture(f: _Fields) -> str:
     return str(model_type)
 
 
-def _attention_shape(f: _Fields) -> tuple[int, int, int, int]:
+def _attention_shape(f: ConfigFields) -> tuple[int, int, int, int]:
     """(hidden_size, num_heads, num_kv_heads, head_dim), checked for grouped-query attention and RoPE."""
     hidden, num_heads = f.int("hidden_size"), f.int("num_attention_heads")
     num_kv_heads = f.int("num_key_value_heads", num_heads)
@@ -261,8 +309,9 @@ def parse_config(
 
     `max_model_len` lowers the longest accepted sequence (it may not exceed what RoPE supports).
     """
-    f = _Fields(raw, source)
+    f = ConfigFields(raw, source)
     model_type = _check_architecture(f)
+    arch = ARCHITECTURES[model_type]
     hidden, num_heads, num_kv_heads, head_dim = _attention_shape(f)
     num_layers = f.int("num_hidden_layers")
     max_pos = f.int("max_position_embeddings", 2048)
@@ -271,8 +320,8 @@ def parse_config(
     if max_model_len is not None and not 1 <= max_model_len <= limit:
         raise UnsupportedModel(f"{source}: max_model_len={max_model_len} must be in [1, {limit}] for this model")
     model_len = max_model_len or limit
-    _check_sliding_window(f, model_type, model_len, num_layers)
-    attention_bias = f.bool("attention_bias", False)
+    _check_sliding_window(f, arch, model_len, num_layers)
+    biases = arch.biases(f)
     eos = _token_ids(raw.get("eos_token_id"), "eos_token_id", source)
     if generation_config is not None:
         eos += _token_ids(generation_config.get("eos_token_id"), "eos_token_id", "generation_config.json")
@@ -291,9 +340,9 @@ def parse_config(
         max_model_len=model_len,
         rope=rope,
         tie_word_embeddings=f.bool("tie_word_embeddings", False),
-        qkv_bias=model_type == "qwen2" or (model_type == "llama" and attention_bias),
-        o_bias=model_type == "llama" and attention_bias,
-        mlp_bias=model_type == "llama" and f.bool("mlp_bias", False),
+        qkv_bias=biases.qkv,
+        o_bias=biases.o,
+        mlp_bias=biases.mlp,
         dtype=_dtype_name(f),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=tuple(dict.fromkeys(eos)),

@@ -22,6 +22,7 @@ from contbatch.metrics.stats import check_time_unit
 # summary has the key (and, for waste, a non-zero value).
 _ROWS: tuple[tuple[str, str, bool], ...] = (
     ("requests", "num_requests", True),
+    ("  never ran (left out of latencies)", "num_not_run", False),
     ("makespan ({units})", "makespan", True),
     ("throughput (tok/{unit})", "output_throughput", True),
     ("request throughput (req/{unit})", "request_throughput", True),

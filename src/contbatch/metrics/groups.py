@@ -7,7 +7,9 @@ from `request.request_metrics` and every statistic from `stats.latency_keys`, so
 - group value: the request's tenant (None shows as ``"-"``) or its priority (as text, ``"2"``).
   Groups are ordered tenants by name (``"-"`` first), priorities ascending as numbers.
 - counts, tokens, finish reasons and latency statistics: as in `summary`, over the group.
-  ``finish_reasons`` holds only the reasons that occur in the group.
+  ``finish_reasons`` holds only the reasons that occur in the group. Latency statistics cover
+  the group's requests that ran (`RequestMetrics.ran`), as the run's do: a rejected request is
+  counted in ``finish_reasons`` and enters no latency.
 - output_throughput = the group's output tokens / the makespan of the WHOLE run (last FINISHED −
   first ARRIVED over every request, not over the group's). A group's rate is its share of the
   run's rate, so the groups' ``output_throughput`` (and ``goodput``, ``goodput_tokens``) add up to
@@ -15,7 +17,7 @@ from `request.request_metrics` and every statistic from `stats.latency_keys`, so
   arrives in one short burst.
 - goodput / slo_attainment: as in `summary` (the same `SLO.is_met_by`), goodput over the whole
   run's makespan, attainment as a fraction of the group's requests; present only with an SLO.
-- service = prompt tokens of the requests that were served (scheduled, or emitted a token) +
+- service = prompt tokens of the requests that ran (`RequestMetrics.ran`) +
   every output token emitted: the token-work a fair-share scheduler equalises across tenants.
   Its total over the groups is ``total_input_tokens + total_output_tokens`` of the run.
 
@@ -33,7 +35,7 @@ from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
 from contbatch.metrics.request import RequestMetrics, request_metrics
 from contbatch.metrics.stats import check_time_unit, latency_keys, latency_suffix
-from contbatch.metrics.summary import SLO, _goodput_keys, _metrics_of, _per_unit, run_makespan, was_served
+from contbatch.metrics.summary import SLO, _goodput_keys, _metrics_of, _per_unit, run_makespan
 
 GROUP_KEYS: Final[tuple[str, ...]] = ("tenant", "priority")
 """The request attributes results can be grouped by."""
@@ -91,10 +93,11 @@ def _group_summary(rows: list[RequestMetrics], makespan: float, time_unit: str, 
         # the group's tokens over the WHOLE run's makespan: the groups add up to the run
         "output_throughput": _per_unit(total_output, makespan),
     }
+    ran = [m for m in rows if m.ran]  # latencies cover the requests that ran, as in `summary`
     samples: dict[str, list[float]] = {
-        "ttft": [m.ttft for m in rows if m.ttft is not None],
-        "tpot": [m.tpot for m in rows if m.tpot is not None],
-        "e2el": [m.e2e for m in rows],
+        "ttft": [m.ttft for m in ran if m.ttft is not None],
+        "tpot": [m.tpot for m in ran if m.tpot is not None],
+        "e2el": [m.e2e for m in ran],
     }
     suffix = latency_suffix(time_unit)
     for stem, prefixes in _GROUP_LATENCIES:
@@ -122,7 +125,7 @@ def summarize_by(
 
 
 def service_by(timelines: Iterable[Timeline], key: str) -> dict[str, int]:
-    """{group value: tokens of service}: prompt tokens of served requests + output tokens emitted.
+    """{group value: tokens of service}: prompt tokens of requests that ran + output tokens emitted.
 
     Groups in the order of `summarize_by`; an empty input gives ``{}``. Raises `ValueError` for
     an unknown key or an unfinished timeline.
@@ -130,6 +133,6 @@ def service_by(timelines: Iterable[Timeline], key: str) -> dict[str, int]:
     _check_key(key)
     rows = [request_metrics(tl) for tl in timelines]
     return {
-        value: sum((m.num_prompt_tokens if was_served(m) else 0) + m.num_output_tokens for m in group)
+        value: sum((m.num_prompt_tokens if m.ran else 0) + m.num_output_tokens for m in group)
         for value, group in _split(rows, key).items()
     }

@@ -17,6 +17,19 @@ durations are in the clock of the timeline (seconds or ticks); no unit conversio
   3-token speculative emission 0.3 after the previous one gives 0.1, 0.1, 0.1).
 - E2E          = FINISHED − ARRIVED.
 
+Which requests a latency statistic covers (the one rule, `RequestMetrics.ran`): a request *ran*
+when it was scheduled at least once or emitted a token, and was not rejected. Every latency
+statistic (queue time, requeue time, TTFT, TPOT, ITL and E2E, in `summary`, `groups`,
+`streaming` and the CDF plots) is over the requests that ran, each over those of them for which
+the latency is defined. A request that did not run (rejected at admission, or cancelled or timed
+out before it was ever scheduled) has no latency: it is counted in ``finish_reasons``,
+``num_rejected`` and ``num_not_run`` instead, and is a miss for goodput and SLO attainment. Its
+per-request row still reports ``e2e`` (FINISHED − ARRIVED, e.g. 0 for an instant rejection).
+Scheduler-side timelines are rejected only before their first admission, so there the rule is
+"scheduled at least once". A client-side timeline (`contbatch.bench`) records the send as its
+SCHEDULED event and cannot see the server's queue: there a request ran when it was sent and not
+refused (HTTP 429 = rejected).
+
 Invariants checked here (a `ValueError` names the request otherwise): the request finished
 (FINISHED with a reason), every timestamp is finite, `token_ts` and `token_counts` are parallel,
 and admissions pair with preemptions as the state machine allows
@@ -66,6 +79,14 @@ class RequestMetrics:
     def succeeded(self) -> bool:
         """True when the request finished with `length` or `stop`."""
         return self.finish_reason in SUCCESS_REASONS
+
+    @property
+    def ran(self) -> bool:
+        """True when the request ran: scheduled at least once or emitted a token, and not
+        rejected. Latency statistics cover exactly these requests (see the module doc)."""
+        if self.finish_reason is FinishReason.REJECTED:
+            return False
+        return self.first_scheduled_ts is not None or self.num_output_tokens > 0
 
     @property
     def met_deadline(self) -> bool | None:

@@ -4,7 +4,9 @@ For runs too large to keep every timeline (a million requests): each finished ti
 one compact `RequestMetrics` row (its inter-token gaps dropped from the row) and its gaps are
 appended to two pooled float arrays (8 bytes a gap), so memory grows with requests and tokens
 but not with timeline objects. `summary()` gives exactly what `summarize` gives for the same
-timelines (same definitions, same numbers).
+timelines (same definitions, same numbers): in particular the same rule for which requests a
+latency covers (`RequestMetrics.ran`: only gaps of requests that ran are pooled, and every other
+latency is filtered by `summarize_rows` itself).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class StreamingSummary:
     def add(self, timeline: Timeline) -> None:
         """Fold one finished timeline (ValueError if it has not finished)."""
         m = request_metrics(timeline)
-        self._itl_per_emission.extend(m.itl_per_emission)
-        self._itl_per_token.extend(m.itl_per_token)
+        if m.ran:  # the latency rule of `summarize`: a request that did not run has no gaps to pool
+            self._itl_per_emission.extend(m.itl_per_emission)
+            self._itl_per_token.extend(m.itl_per_token)
         self.rows.append(dataclasses.replace(m, itl_per_emission=(), itl_per_token=()))
 
     def summary(

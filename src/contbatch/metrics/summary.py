@@ -8,14 +8,19 @@ This module owns the run-level definitions; each is written beside its computati
   (``request_throughput``), (input + output tokens) / makespan (``total_token_throughput``), in
   the run unit (per second or per tick). Output tokens count every token emitted, including
   those of requests later cancelled, timed out or failed (their waste is ``unsent_waste``).
-  Input tokens count the prompts of requests that were scheduled or emitted a token; the prompt
-  of a request rejected before it ran was never processed. ``completed`` counts requests that
-  finished with ``length`` or ``stop``.
-- latency statistics (see `stats.describe`) over every request for which the latency is
-  defined: queue time over scheduled requests, requeue time over preempted requests, TTFT over
-  requests that emitted a token (requests that never did are left out of TTFT, but still counted
-  in ``finish_reasons``), TPOT over requests with two or more output tokens, ITL over every gap
-  of every request (pooled), E2E over every request.
+  Input tokens count the prompts of requests that ran (`RequestMetrics.ran`); the prompt of a
+  request that never ran was never processed. ``completed`` counts requests that finished with
+  ``length`` or ``stop``.
+- counts: ``num_requests`` (every request), ``finish_reasons`` (all six, zeros too),
+  ``num_rejected`` (finished ``rejected``) and ``num_not_run`` (requests that did not run:
+  the rejected ones and those cancelled or timed out before they were ever scheduled).
+- latency statistics (see `stats.describe`) over the requests that RAN (`RequestMetrics.ran`:
+  scheduled at least once or emitted a token, and not rejected), each over those for which the
+  latency is defined: queue time over them all (a request that ran was scheduled), requeue time
+  over the preempted ones, TTFT over those that emitted a token, TPOT over those with two or more
+  output tokens, ITL over every gap of every one of them (pooled), E2E over them all. A request
+  that did not run enters no latency (a rejection would otherwise be an E2E of 0): it is
+  reported in the counts above, and is a miss for goodput.
 - goodput    = requests meeting every SLO given / makespan (``goodput``, alias
   ``request_goodput``), their output tokens / makespan (``goodput_tokens``), and the fraction of
   all requests meeting it (``slo_attainment``). See `SLO.is_met_by`.
@@ -106,6 +111,8 @@ def _count_keys(rows: list[RequestMetrics]) -> dict[str, object]:
         "num_requests": len(rows),
         "completed": sum(1 for m in rows if m.succeeded),
         "finish_reasons": reasons,
+        "num_rejected": reasons[FinishReason.REJECTED.value],
+        "num_not_run": sum(1 for m in rows if not m.ran),
         "num_preemptions": sum(m.num_preemptions for m in rows),
         "num_preempted_requests": sum(1 for m in rows if m.num_preemptions > 0),
         **_deadline_keys(rows),
@@ -124,19 +131,13 @@ def _deadline_keys(rows: list[RequestMetrics]) -> dict[str, object]:
     }
 
 
-def was_served(m: RequestMetrics) -> bool:
-    """True when the request's prompt was processed: it was scheduled or emitted a token."""
-    return m.first_scheduled_ts is not None or m.num_output_tokens > 0
-
-
 def run_makespan(rows: list[RequestMetrics]) -> float:
     """makespan = last FINISHED − first ARRIVED, over every request of the run."""
     return float(max(m.completion_ts for m in rows) - min(m.arrival_ts for m in rows))
 
 
 def _throughput_keys(rows: list[RequestMetrics], makespan: float) -> dict[str, object]:
-    served = [m for m in rows if was_served(m)]
-    total_input = sum(m.num_prompt_tokens for m in served)
+    total_input = sum(m.num_prompt_tokens for m in rows if m.ran)  # a prompt is processed when it runs
     total_output = sum(m.num_output_tokens for m in rows)
     return {
         "total_input_tokens": total_input,
@@ -148,6 +149,9 @@ def _throughput_keys(rows: list[RequestMetrics], makespan: float) -> dict[str, o
 
 
 def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls | None = None) -> dict[str, object]:
+    """Every latency statistic, over the requests that ran (`RequestMetrics.ran`) only; pooled
+    `itls` must hold the gaps of exactly those requests (as `StreamingSummary` keeps them)."""
+    rows = [m for m in rows if m.ran]
     if itls is None:
         per_emission = list(itertools.chain.from_iterable(m.itl_per_emission for m in rows))
         if all(m.itl_per_token is m.itl_per_emission for m in rows):  # one token per emission
@@ -211,7 +215,8 @@ def summarize_rows(
     itls: PooledItls | None = None,
 ) -> dict[str, object]:
     """`summarize` of per-request metrics already computed; `itls` (per emission, per token)
-    replaces the rows' own inter-token gaps when they were pooled as the rows were made."""
+    replaces the rows' own inter-token gaps when they were pooled as the rows were made (the
+    gaps of the rows that ran, `RequestMetrics.ran`, only)."""
     check_time_unit(time_unit)
     if padding_tokens < 0 or unsent_tokens < 0:
         raise ValueError(f"waste counts must be >= 0, got padding={padding_tokens} unsent={unsent_tokens}")

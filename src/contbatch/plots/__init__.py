@@ -2,7 +2,7 @@
 
 Plots are presentation only: every number comes from the timelines (`contbatch.core.timeline`)
 through the metric definitions of `contbatch.metrics`, or from per-step records the simulator's
-``on_step`` hook collects (`StepRecorder`). Each plot function writes ``<stem>.png`` and
+step observer collects (`StepSeries`). Each plot function writes ``<stem>.png`` and
 ``<stem>.svg`` into a directory (created if needed) and returns the two paths:
 
 - `plot_request_timeline`: Gantt bars per request (waiting, requeued, prefill, decode, token
@@ -21,15 +21,15 @@ from contbatch.plots.capacity import plot_capacity
 from contbatch.plots.cdf import latency_samples, plot_latency_cdfs
 from contbatch.plots.grid import grid_layout, plot_grid_metric
 from contbatch.plots.runs import MAX_TIMELINE_REQUESTS, write_run_plots
-from contbatch.plots.steps import StepRecord, StepRecorder, plot_steps
+from contbatch.plots.steps import StepPoint, StepSeries, plot_steps
 from contbatch.plots.timeline import PHASES, Segment, plot_request_timeline, request_segments
 
 __all__ = [
     "MAX_TIMELINE_REQUESTS",
     "PHASES",
     "Segment",
-    "StepRecord",
-    "StepRecorder",
+    "StepPoint",
+    "StepSeries",
     "grid_layout",
     "latency_samples",
     "plot_capacity",

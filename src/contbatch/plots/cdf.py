@@ -1,9 +1,11 @@
 """Latency CDFs: the empirical distribution of TTFT, TPOT and E2E per request, one line per run.
 
 The latencies are `contbatch.metrics.request_metrics`'s (the definitions live there), shown in
-the unit the summary keys use: milliseconds for a seconds clock, ticks for a tick clock. A
-request without the latency (no token: no TTFT; fewer than two tokens: no TPOT) is left out of
-that panel, as in the summary. SLO thresholds, when given, are drawn as dashed lines.
+the unit the summary keys use: milliseconds for a seconds clock, ticks for a tick clock. The
+requests drawn are the summary's: those that ran (`RequestMetrics.ran`; a rejected request is in
+no panel), each in the panels whose latency it has (no token: no TTFT; fewer than two tokens: no
+TPOT). SLO thresholds, when given, are drawn as dashed lines. The x axes are linear, with at
+most seven round ticks a panel and compact labels (``125k`` ms), fewer where labels would touch.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ from typing import Any
 from contbatch.core.timeline import Timeline
 from contbatch.metrics import SLO, per_request_table
 from contbatch.metrics.stats import latency_scale, latency_suffix
-from contbatch.plots._figure import axes_list, new_figure, run_color, save
+from contbatch.plots._figure import axes_list, new_figure, readable_x_ticks, run_color, save
 
 LATENCIES: tuple[tuple[str, str], ...] = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E latency"))
 
 
 def latency_samples(timelines: Sequence[Timeline], time_unit: str) -> dict[str, list[float]]:
-    """{"ttft"|"tpot"|"e2e": sorted values in the summary-key unit} of finished timelines."""
+    """{"ttft"|"tpot"|"e2e": sorted values in the summary-key unit} of finished timelines,
+    over the requests that ran, as every summary latency is."""
     scale = latency_scale(time_unit)
-    rows = per_request_table(timelines)
+    rows = [m for m in per_request_table(timelines) if m.ran]
     found: dict[str, list[float]] = {}
     for name, _ in LATENCIES:
         values = [getattr(m, name) for m in rows]
@@ -71,4 +74,5 @@ def plot_latency_cdfs(
     panels[0].set_ylabel("fraction of requests")
     panels[0].set_ylim(0.0, 1.02)
     panels[0].legend(fontsize=8, loc="lower right")
+    readable_x_ticks(figure, panels)  # at most 7 round ticks a panel, "125k" not "125000": no overlap
     return save(figure, out_dir, stem)

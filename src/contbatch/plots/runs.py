@@ -13,7 +13,7 @@ from pathlib import Path
 from contbatch.core.timeline import Timeline
 from contbatch.metrics import SLO
 from contbatch.plots.cdf import plot_latency_cdfs
-from contbatch.plots.steps import StepRecord, plot_steps
+from contbatch.plots.steps import StepPoint, plot_steps
 from contbatch.plots.timeline import plot_request_timeline
 
 MAX_TIMELINE_REQUESTS = 64
@@ -24,7 +24,7 @@ def write_run_plots(
     out_dir: str | Path,
     *,
     time_unit: str,
-    steps: Mapping[str, Sequence[StepRecord]] | None = None,
+    steps: Mapping[str, Sequence[StepPoint]] | None = None,
     slo: SLO | None = None,
     title: str | None = None,
 ) -> list[Path]:

@@ -1,54 +1,47 @@
-"""KV usage and batch size over time, from one record per simulator step.
+"""KV usage and batch size over time, from one point per step.
 
-`StepRecorder` is an ``on_step`` hook for `contbatch.sim.loop.simulate` (called as
-``on_step(scheduler, out, now)`` after every step's update); it keeps one `StepRecord` per
-step, in step order. A record is stamped with the step's end time: ``kv_usage`` is the fraction
-of KV blocks in use at that moment (after the step's finished requests freed theirs; 0.0 with
-no KV limit), ``num_requests`` and ``num_tokens`` are the requests and tokens the step ran, and
-``duration`` is the step's time when the recorder was given the run's cost model (None if not).
+`StepSeries` is a step observer (`contbatch.loop.StepObserver`): pass it to
+`contbatch.sim.loop.simulate(..., observers=[series])` (or any `EngineCore`). It keeps one
+`StepPoint` per step, in step order, decode runs included. A point is stamped with the step's
+end time: ``kv_usage`` is the fraction of KV blocks in use while the step ran (0.0 with no KV
+limit), ``num_requests`` and ``num_tokens`` are the requests and tokens the step ran, and
+``duration`` is the step's time.
 
-The plot draws each record over its step, [time - duration, time]; without a duration a step is
+The plot draws each point over its step, [time - duration, time]; without a duration a step is
 taken to start where the previous one ended. Batch size and tokens are 0 between steps (the
-simulator was idle); KV usage keeps its value (blocks stay held while nothing runs).
+loop was idle); KV usage keeps its value (blocks stay held while nothing runs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
-from contbatch.core.base import SchedulerBase
-from contbatch.core.outputs import SchedulerOutput
+from contbatch.loop.observe import StepObserver, StepRecord
 from contbatch.plots._figure import axes_list, new_figure, run_color, save, style_time_axis, time_label
 
 
-class StepRecord(NamedTuple):
+class StepPoint(NamedTuple):
     time: float  # the step's end, in the run's clock
-    kv_usage: float  # fraction of KV blocks in use after the step, in [0, 1]
+    kv_usage: float  # fraction of KV blocks in use while the step ran, in [0, 1]
     num_requests: int  # requests the step ran (its batch size)
     num_tokens: int  # tokens the step computed for requests (padding excluded)
     duration: float | None = None  # the step's time (same clock), when known
 
 
-class PricesSteps(Protocol):
-    """What the recorder needs of a cost model (`contbatch.sim.cost.CostModel` has it)."""
+class StepSeries(StepObserver):
+    """Collects a `StepPoint` per step (see the module docstring)."""
 
-    def step_time(self, out: SchedulerOutput) -> float: ...
+    def __init__(self) -> None:
+        self.points: list[StepPoint] = []
 
-
-class StepRecorder:
-    """Collects a `StepRecord` per step; pass it to `simulate(..., on_step=recorder)`. Give it
-    the run's cost model to record each step's duration too (cost models are pure, so pricing
-    the step again gives the time the simulator charged)."""
-
-    def __init__(self, cost: PricesSteps | None = None) -> None:
-        self.cost = cost
-        self.records: list[StepRecord] = []
-
-    def __call__(self, scheduler: SchedulerBase, out: SchedulerOutput, now: float) -> None:
-        duration = self.cost.step_time(out) if self.cost is not None else None
-        self.records.append(StepRecord(now, scheduler.kv_usage, out.num_requests, out.num_batched_tokens, duration))
+    def on_step(self, record: StepRecord) -> None:
+        out = record.out
+        duration = record.end_ts - record.start_ts
+        self.points.append(
+            StepPoint(record.end_ts, record.kv_usage, out.num_requests, out.num_batched_tokens, duration)
+        )
 
 
 PANELS: tuple[tuple[int, str, float], ...] = (
@@ -87,7 +80,7 @@ def plot_steps(
     stem: str = "kv-batch",
 ) -> tuple[Path, Path]:
     """KV usage, batch size and batched tokens against time, one line per run (label → records
-    as `StepRecord` or plain (time, kv_usage, num_requests, num_tokens[, duration]) tuples). Writes
+    as `StepPoint` or plain (time, kv_usage, num_requests, num_tokens[, duration]) tuples). Writes
     ``stem.png`` and ``stem.svg``; returns their paths."""
     if not runs:
         raise ValueError("plot_steps needs at least one run")

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from contbatch.core import make_scheduler
 from contbatch.server.backends.base import Backend, ChatMessage
 from contbatch.server.driver import Driver
 from contbatch.server.metrics import ServerMetrics
@@ -40,7 +39,7 @@ class Health:
 
 
 class RequestStream:
-    """The events of one request: `first()` (admitted, or the final rejection), then the rest by
+    """The events of one request: `first()` (queued, or the final rejection), then the rest by
     `async for`. Lives on the event loop that created it."""
 
     def __init__(self, request_id: str, client: EngineClient) -> None:
@@ -56,7 +55,7 @@ class RequestStream:
     async def first(self) -> RequestEvent:
         """The first event; a final one (rejected) is also what iteration yields next."""
         event = await self._queue.get()
-        if not event.admitted:
+        if not event.queued:
             self._peeked = event
         return event
 
@@ -69,7 +68,7 @@ class RequestStream:
                 event, self._peeked = self._peeked, None
             else:
                 event = await self._queue.get()
-            if event.admitted:
+            if event.queued:
                 continue
             if event.is_final:
                 self.final = event
@@ -124,9 +123,9 @@ class DriverClient:
 
     def __init__(self, backend: Backend, *, scheduler: str = "continuous") -> None:
         self.backend = backend
-        self.driver = Driver(make_scheduler(scheduler, backend.config), backend.executor)
+        self.driver = Driver(backend, scheduler=scheduler)
         self.metrics = ServerMetrics(lambda: self.driver.snapshot, model_name=backend.model_name)
-        self.driver.observer = self.metrics
+        self.driver.core.observers.append(self.metrics)
         self._model = ModelInfo(
             name=backend.model_name,
             backend=backend.name,

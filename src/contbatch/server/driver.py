@@ -1,32 +1,30 @@
-"""The step driver: the scheduler loop of DESIGN.md section 2 on one background thread, in real time.
+"""The step driver: the one step loop (`contbatch.loop.EngineCore`) on a background thread, on a
+wall clock, between the asyncio side and a backend's executor.
 
-One thread owns the scheduler and the executor; nothing else touches them. Each iteration::
+One thread owns the loop (its scheduler and executor); nothing else touches them. Each
+iteration::
 
     apply the inbox (submissions, cancellations, acks)     # only at step boundaries
-    out = scheduler.schedule(now); result = executor.execute(out); scheduler.update(out, result, now_after)
-    deliver each request's new tokens as a `RequestEvent` to its asyncio sink
+    core.step()                                            # schedule, execute, update, outputs
+    route each output to its request's asyncio sink
 
-`now` is the driver's clock (`time.monotonic()` by default). The asyncio side calls `submit`,
-`abort` and `ack` from any thread: they append to a locked inbox and wake the thread. Events go
-back with `loop.call_soon_threadsafe`, batched per event loop, once after the inbox is applied and
-once after each step. With nothing to run the thread sleeps until a submission or the scheduler's
-next timer (`scheduler.next_timer()`: timeouts, paused streams).
+The asyncio side calls `submit`, `abort` and `ack` from any thread: they append to a locked
+inbox and wake the thread. Outputs go back with `loop.call_soon_threadsafe`, batched per event
+loop, once after the inbox is applied and once after each step. With nothing to run the thread
+sleeps until a submission or the loop's next timer (timeouts, paused streams).
 
-Failure isolation: if `execute` (or `update`) raises, only the requests of that step end, with
-finish reason ERROR; the loop keeps serving. An unexpected error elsewhere fails the requests
-that were live and the loop goes on.
-
-Stop strings are applied here, on text: the text of a request with stop strings is held back by
-(longest stop - 1) characters until it cannot begin a stop string; when one is found the text
-ends before it and the request is finished with STOP (its KV freed in the same call).
+What a request goes through (intake, detokenization, stop strings, finishing, failure of its
+step or of its own output processing) is the loop's; the driver adds the server's protocol:
+each request's events go to its own sink, and a submission the loop cannot take (a duplicate
+id, an invalid request) is rejected here. An unexpected error in the driver itself fails the
+requests that were live and the loop goes on.
 
 Shutdown (`stop`): new submissions are refused (`DriverClosed`); in-flight requests get a grace
 period to finish, then the rest are cancelled (CANCELLED, "the server shut down") and the thread
 exits.
 
 Invariants: every submission gets exactly one final event; events of a request are delivered in
-order; a request leaves the driver's live set in the same call that finishes it; the executor's
-`release` is called once per request it was given.
+order.
 """
 
 from __future__ import annotations
@@ -36,16 +34,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from contbatch.core.base import SchedulerBase
-from contbatch.core.outputs import SchedulerOutput
-from contbatch.core.request import Request
-from contbatch.core.status import FinishReason, RequestStatus
-from contbatch.server.delivery import EventSink, LiveRequest, Outbox, cut_at_stop
-from contbatch.server.executor import DriverObserver, Executor
+from contbatch.core import make_scheduler
+from contbatch.core.status import FinishReason
+from contbatch.loop import EngineCore, Intake, IntakeError, StepObserver, TextStream, WallClock
+from contbatch.server.backends.base import Backend
+from contbatch.server.delivery import EventSink, Outbox
 from contbatch.server.types import DriverSnapshot, RequestEvent, Submission
 
 log = logging.getLogger(__name__)
@@ -55,35 +51,25 @@ class DriverClosed(RuntimeError):
     """The driver no longer accepts submissions (shutting down, or stopped)."""
 
 
-@dataclass(slots=True)
-class _Counters:
-    num_steps: int = 0
-    num_generated: int = 0
-    num_padding: int = 0
-    num_failed_steps: int = 0
-
-
 class Driver:
     def __init__(
         self,
-        scheduler: SchedulerBase,
-        executor: Executor,
+        backend: Backend,
         *,
+        scheduler: str = "continuous",
         clock: Callable[[], float] = time.monotonic,
-        observer: DriverObserver | None = None,
+        observers: Sequence[StepObserver] = (),
     ) -> None:
-        self.scheduler = scheduler
-        self.executor = executor
-        bind = getattr(executor, "bind", None)
-        if bind is not None:  # an executor that reads the scheduler's state (the engine's block tables)
-            bind(scheduler)
-        self.observer = observer
+        self.backend = backend
+        self.scheduler = make_scheduler(scheduler, backend.config)
+        kv = self.scheduler.config.kv
+        self.intake = Intake(hash_block_size=kv.block_size if kv is not None and kv.enable_prefix_caching else None)
+        self.core = EngineCore(self.scheduler, backend.executor, WallClock(clock), observers=observers)
         self._clock = clock
         self._cond = threading.Condition()
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._outbox = Outbox()
-        self._live: dict[str, LiveRequest] = {}
-        self._counters = _Counters()
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, EventSink]] = {}
         self._accepting = True
         self._halt = False
         self._thread: threading.Thread | None = None
@@ -138,11 +124,11 @@ class Driver:
         if self._thread is None or not self._thread.is_alive():
             return
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (self._live or self._inbox):
+        while time.monotonic() < deadline and (self._sinks or self._inbox):
             time.sleep(0.01)
         self._post(("cancel_all",))
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and (self._live or self._inbox):
+        while time.monotonic() < deadline and (self._sinks or self._inbox):
             time.sleep(0.01)
         with self._cond:
             self._halt = True
@@ -154,14 +140,16 @@ class Driver:
         while not self._halt:
             try:
                 self._apply_inbox()
-                self._outbox.flush()
-                ran = self._step()
+                self._route()
+                ran = self.core.step()
+                self._route()
                 self._publish()
                 if not ran:
                     self._wait()
             except Exception as exc:  # a bug somewhere: keep serving, fail what was in flight
                 log.exception("driver iteration failed")
-                self._fail_all(f"internal error: {type(exc).__name__}: {exc}")
+                self.core.fail(self.core.tracked_ids(), f"internal error: {type(exc).__name__}: {exc}")
+                self._route()
                 self._publish()
                 time.sleep(0.01)  # no hot loop if the failure repeats
 
@@ -169,52 +157,50 @@ class Driver:
         with self._cond:
             ops = list(self._inbox)
             self._inbox.clear()
+        core = self.core
         for op in ops:
             kind = op[0]
             if kind == "submit":
-                self._apply_submit(op[1], op[2], op[3])
+                self._submit_isolated(op[1], op[2], op[3])
             elif kind == "abort":
-                self._cancel(op[1], FinishReason.CANCELLED, "cancelled by the client")
+                core.abort(op[1], FinishReason.CANCELLED, "cancelled by the client")
             elif kind == "ack":
-                self.scheduler.ack(op[1], op[2], self._clock())
+                core.ack(op[1], op[2])
             elif kind == "cancel_all":
-                for request_id in list(self._live):
-                    self._cancel(request_id, FinishReason.CANCELLED, "the server shut down")
+                for request_id in core.tracked_ids():
+                    core.abort(request_id, FinishReason.CANCELLED, "the server shut down")
+
+    def _submit_isolated(self, sub: Submission, loop: asyncio.AbstractEventLoop, sink: EventSink) -> None:
+        """`_apply_submit`, so that whatever goes wrong ends this submission alone, with an event."""
+        try:
+            self._apply_submit(sub, loop, sink)
+        except Exception as exc:
+            log.exception("submission %s failed", sub.request_id)
+            self._sinks.pop(sub.request_id, None)
+            if self.core.in_use(sub.request_id):
+                self.core.fail((sub.request_id,), f"internal error: {type(exc).__name__}: {exc}")
+            else:
+                self._reject(
+                    sub, (loop, sink), self._clock(), "internal", f"internal error: {type(exc).__name__}: {exc}"
+                )
 
     def _apply_submit(self, sub: Submission, loop: asyncio.AbstractEventLoop, sink: EventSink) -> None:
         now = self._clock()
         rid = sub.request_id
-        if rid in self._live or rid in self.scheduler.requests:
+        if rid in self._sinks or self.core.in_use(rid):
             self._reject(sub, (loop, sink), now, "duplicate_id", f"request id {rid!r} is already in use")
             return
         try:
-            request = Request(
-                rid,
-                min(sub.arrival_ts, now),
-                len(sub.prompt_token_ids),
-                sub.params.max_tokens,
-                priority=sub.priority,
+            request = self.intake.request(
+                rid, sub.prompt_token_ids, sub.params, arrival_ts=min(sub.arrival_ts, now), priority=sub.priority,
                 tenant=sub.tenant,
-                block_hashes=self._block_hashes(sub.prompt_token_ids),
-            )
-            self.executor.add_request(sub)
-        except Exception as exc:
+            )  # fmt: skip
+            stream = TextStream(self.backend.decoder, sub.prompt_token_ids, sub.params.stop)
+        except (IntakeError, ValueError) as exc:
             self._reject(sub, (loop, sink), now, "invalid", f"{type(exc).__name__}: {exc}")
             return
-        live = LiveRequest(request, loop, sink, sub.params.stop)
-        self._live[rid] = live
-        before = dict(self.scheduler.stats.rejections)
-        try:
-            queued = self.scheduler.add_request(request, now)
-        except Exception:
-            self._live.pop(rid, None)
-            self.executor.release(rid)
-            raise
-        if queued:
-            event = RequestEvent(rid, now, request.num_prompt_tokens, 0, admitted=True)
-            self._outbox.put(loop, sink, event)
-        else:
-            self._finish_live(live, reject_kind=_new_rejection(before, self.scheduler.stats.rejections))
+        self._sinks[rid] = (loop, sink)
+        self.core.add_request(request, stream)  # its first output: queued, or its rejection
 
     def _reject(
         self, sub: Submission, to: tuple[asyncio.AbstractEventLoop, EventSink], now: float, kind: str, detail: str
@@ -230,158 +216,18 @@ class Driver:
         )
         self._outbox.put(to[0], to[1], event)
 
-    def _block_hashes(self, token_ids: tuple[int, ...]) -> tuple[int, ...]:
-        """Chained hashes of the full prompt blocks (equal prefixes, equal hashes), for prefix caching."""
-        kv = self.scheduler.config.kv
-        if kv is None or not kv.enable_prefix_caching:
-            return ()
-        hashes: list[int] = []
-        running = 0
-        for start in range(0, len(token_ids) - kv.block_size + 1, kv.block_size):
-            running = hash((running, token_ids[start : start + kv.block_size]))
-            hashes.append(running)
-        return tuple(hashes)
-
-    def _cancel(self, request_id: str, reason: FinishReason, detail: str) -> None:
-        live = self._live.get(request_id)
-        if live is None:
-            return
-        self.scheduler.cancel(request_id, self._clock(), reason, detail=detail)
-        self._reap((request_id,))
-
-    def _step(self) -> bool:
-        """One schedule / execute / update; False when nothing ran."""
-        scheduler = self.scheduler
-        if not scheduler.has_unfinished():
-            return False
-        start = self._clock()
-        out = scheduler.schedule(start)
-        self._reap(out.finished_ids)  # timeouts found by schedule()
-        if out.is_empty:
-            return False
-        try:
-            result = self.executor.execute(out)
-            end = max(self._clock(), start)
-            scheduler.update(out, result, end)
-        except Exception as exc:
-            self._fail_step(out, exc)
-            return True
-        counters = self._counters
-        counters.num_steps += 1
-        counters.num_padding += out.num_padding_tokens
-        num_sampled = self._deliver(out, end)
-        counters.num_generated += num_sampled
-        if self.observer is not None:
-            try:
-                self.observer.on_step(out, end - start, num_sampled)
-            except Exception:  # metrics must never fail requests
-                log.exception("observer on_step failed")
-        return True
-
-    def _deliver(self, out: SchedulerOutput, now: float) -> int:
-        """Send each stepped request its new tokens (and its end); returns the tokens sent."""
-        total = 0
-        for chunk in out.chunks:
-            live = self._live.get(chunk.request_id)
-            if live is None:
-                continue
-            request = live.request
-            new = tuple(request.output_token_ids[live.num_delivered :])
-            live.num_delivered = len(request.output_token_ids)
-            total += len(new)
-            if not new and not request.is_finished:
-                continue
-            text = self.executor.detokenize(request.request_id, new) if new else ""
-            text, stopped = cut_at_stop(live, text, final=request.is_finished)
-            if stopped and not request.is_finished:
-                self.scheduler.cancel(request.request_id, now, FinishReason.STOP)
-            if request.is_finished:
-                self._finish_live(live, token_ids=new, text=text, stopped=stopped)
-            else:
-                event = RequestEvent(
-                    request.request_id, now, request.num_prompt_tokens, request.num_output_tokens, new, text
-                )
-                self._outbox.put(live.loop, live.sink, event)
-        return total
-
-    def _reap(self, request_ids: Iterable[str]) -> None:
-        for request_id in request_ids:
-            live = self._live.get(request_id)
-            if live is not None and live.request.is_finished:
-                text = live.pending
-                live.pending = ""
-                self._finish_live(live, text=text)
-
-    def _finish_live(
-        self,
-        live: LiveRequest,
-        *,
-        token_ids: tuple[int, ...] = (),
-        text: str = "",
-        stopped: bool = False,
-        reject_kind: str = "",
-    ) -> None:
-        request = live.request
-        reason = FinishReason.STOP if stopped else request.finish_reason
-        event = RequestEvent(
-            request.request_id,
-            request.timeline.finished_ts if request.timeline.finished_ts is not None else self._clock(),
-            request.num_prompt_tokens,
-            request.num_output_tokens,
-            token_ids,
-            text,
-            finish_reason=reason if reason is not None else FinishReason.ERROR,
-            finish_detail=request.finish_detail,
-            reject_kind=reject_kind,
-        )
-        self._live.pop(request.request_id, None)
-        self._outbox.put(live.loop, live.sink, event)
-        try:
-            self.executor.release(request.request_id)
-        finally:
-            if self.observer is not None and request.is_finished:
-                try:
-                    self.observer.on_finished(request)
-                except Exception:  # metrics must never fail requests
-                    log.exception("observer on_finished failed for %s", request.request_id)
-
-    def _fail_step(self, out: SchedulerOutput, exc: BaseException) -> None:
-        log.error("step %d failed: %s: %s", out.step_id, type(exc).__name__, exc, exc_info=exc)
-        self._counters.num_failed_steps += 1
-        detail = f"the executor failed in step {out.step_id}: {type(exc).__name__}: {exc}"
-        self._fail(self.scheduler.requests.keys() & {c.request_id for c in out.chunks}, detail)
-
-    def _fail_all(self, detail: str) -> None:
-        self._fail(list(self._live), detail)
-
-    def _fail(self, request_ids: Iterable[str], detail: str) -> None:
-        now = self._clock()
-        for request_id in list(request_ids):
-            live = self._live.get(request_id)
-            try:
-                self.scheduler.cancel(request_id, now, FinishReason.ERROR, detail=detail)
-            except Exception:  # the scheduler's state is broken for it: end it here anyway
-                log.exception("could not fail %s in the scheduler", request_id)
-            if live is None:
-                continue
-            if live.request.is_finished:
-                self._reap((request_id,))
-            else:
-                self._live.pop(request_id, None)
-                event = RequestEvent(
-                    request_id,
-                    now,
-                    live.request.num_prompt_tokens,
-                    live.request.num_output_tokens,
-                    finish_reason=FinishReason.ERROR,
-                    finish_detail=detail,
-                )
-                self._outbox.put(live.loop, live.sink, event)
+    def _route(self) -> None:
+        """Hand the loop's outputs to their sinks (the final one releases the sink)."""
+        sinks = self._sinks
+        for output in self.core.take_outputs():
+            target = sinks.pop(output.request_id, None) if output.is_final else sinks.get(output.request_id)
+            if target is not None:
+                self._outbox.put(target[0], target[1], output)
         self._outbox.flush()
 
     def _wait(self) -> None:
-        self.executor.idle()
-        timer = self.scheduler.next_timer()
+        self.backend.idle()
+        timer = self.core.next_timer()
         with self._cond:
             if self._inbox or self._halt:
                 return
@@ -389,29 +235,19 @@ class Driver:
             self._cond.wait(timeout)
 
     def _publish(self) -> None:
-        self._outbox.flush()
         scheduler = self.scheduler
-        running = scheduler.running
-        counters = self._counters
+        totals = self.core.totals
         self.snapshot = DriverSnapshot(
             ts=self._clock(),
-            num_steps=counters.num_steps,
-            num_running=len(running),
-            num_waiting=len(scheduler.waiting),
-            num_paused=sum(1 for r in running if r.paused_since is not None and r.status is RequestStatus.RUNNING),
-            num_live=len(self._live),
+            num_steps=totals.num_steps,
+            num_running=scheduler.num_running,
+            num_waiting=scheduler.num_waiting,
+            num_paused=scheduler.num_paused,
+            num_live=len(self._sinks),
             kv_usage=scheduler.kv_usage,
-            num_generated_tokens=counters.num_generated,
-            num_padding_tokens=counters.num_padding,
-            num_failed_steps=counters.num_failed_steps,
+            num_generated_tokens=totals.num_output_tokens,
+            num_padding_tokens=totals.num_padding_tokens,
+            num_failed_steps=totals.num_failed_steps,
             accepting=self._accepting,
             stats=scheduler.stats.as_dict(),
         )
-
-
-def _new_rejection(before: dict[str, int], after: dict[str, int]) -> str:
-    """The reject kind whose count grew (the scheduler's reason for the latest rejection)."""
-    for kind, count in after.items():
-        if count > before.get(kind, 0):
-            return kind
-    return "rejected"

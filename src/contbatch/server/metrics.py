@@ -5,7 +5,8 @@ Two sources, no callbacks sprinkled through the code:
 - the driver's snapshot (`DriverSnapshot`, replaced after every step), read at scrape time by a
   collector: the gauges (running, waiting, paused requests, KV usage) and the counters the
   scheduler keeps (preemptions, padding waste, generated-but-unsent tokens, rejections, steps);
-- the driver's observer calls, on its thread: `on_step` counts generated tokens, and
+- the step loop's observer calls (a `contbatch.loop.StepObserver`), on the driver thread:
+  `on_step` counts generated tokens and times the step, and
   `on_finished` observes the latency histograms from the finished request's timeline with the
   definitions of `contbatch.metrics.request` (one definition of TTFT, TPOT, ITL, E2E, queue time)
   and counts the request by finish reason; its prompt tokens and latencies count only when its
@@ -25,8 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from contbatch.core.outputs import SchedulerOutput
 from contbatch.core.request import Request
+from contbatch.loop.observe import StepObserver, StepRecord
 from contbatch.metrics.request import request_metrics
 from contbatch.server.types import DriverSnapshot
 
@@ -121,8 +122,8 @@ _STAT_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-class ServerMetrics:
-    """The server's Prometheus registry; a `DriverObserver`."""
+class ServerMetrics(StepObserver):
+    """The server's Prometheus registry; a step observer of the driver's loop."""
 
     def __init__(self, snapshot: Callable[[], DriverSnapshot], *, model_name: str) -> None:
         self.model_name = model_name
@@ -173,11 +174,11 @@ class ServerMetrics:
         for reason in ("length", "stop", "cancelled", "timeout", "rejected", "error"):
             self.request_success.labels(model_name, reason)  # every reason shows, at 0 until it happens
 
-    # -- DriverObserver (the driver thread) -----------------------------------------------------
-    def on_step(self, out: SchedulerOutput, duration_s: float, num_sampled: int) -> None:
-        if num_sampled:
-            self.generation_tokens.labels(self.model_name).inc(num_sampled)
-        self.step_time.labels(self.model_name).observe(duration_s)
+    # -- StepObserver (the driver thread) -------------------------------------------------------
+    def on_step(self, record: StepRecord) -> None:
+        if record.num_sampled_tokens:
+            self.generation_tokens.labels(self.model_name).inc(record.num_sampled_tokens)
+        self.step_time.labels(self.model_name).observe(record.end_ts - record.start_ts)
 
     def on_finished(self, request: Request) -> None:
         m = request_metrics(request.timeline)

@@ -1,26 +1,22 @@
 """The values that cross the server's thread boundary: submissions in, events out.
 
 The HTTP layer (asyncio) builds a `Submission`; the driver thread turns it into a scheduler
-`Request` and answers with `RequestEvent`s, in order: first either ``admitted`` or a final event
-(rejected), then token events, then exactly one final event (one with a `finish_reason`; it may
-carry the last tokens). Timestamps are the driver's clock (`time.monotonic()` seconds).
+`Request` and answers with `RequestEvent`s (the step loop's `RequestOutput`s), in order: first
+either one with ``queued`` or a final one (rejected), then token events, then exactly one final
+event (one with a `finish_reason`; it may carry the last tokens). Timestamps are the driver's
+clock (`time.monotonic()` seconds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contbatch.core.status import FinishReason
+from contbatch.loop.core import RequestOutput
+from contbatch.loop.params import SamplingParams
 
+RequestEvent = RequestOutput  # what the driver sends a request's stream
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    max_tokens: int  # output tokens at most, >= 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one found
-    ignore_eos: bool = False  # True: only max_tokens (or a stop string) ends the request
+__all__ = ["DriverSnapshot", "RequestEvent", "SamplingParams", "Submission"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,24 +27,6 @@ class Submission:
     arrival_ts: float  # the driver's clock, when the HTTP request arrived
     priority: int = 0  # lower runs first (with a priority queue order)
     tenant: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestEvent:
-    request_id: str
-    ts: float  # the driver's clock
-    num_prompt_tokens: int
-    num_output_tokens: int  # cumulative, this event's tokens included
-    token_ids: tuple[int, ...] = ()  # new output tokens of this event
-    text: str = ""  # new text of this event (stop strings cut out)
-    admitted: bool = False  # the scheduler queued the request (the first event, unless rejected)
-    finish_reason: FinishReason | None = None  # set on the final event only
-    finish_detail: str = ""  # why, in words (REJECTED, TIMEOUT, ERROR, CANCELLED)
-    reject_kind: str = ""  # REJECTED only: queue_full, max_model_len, kv_capacity, token_budget, ...
-
-    @property
-    def is_final(self) -> bool:
-        return self.finish_reason is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 A client with a `read_rate` (tokens per clock unit, from the trace) reads its stream as a fluid:
 between two looks at time t0 and t1 it takes min(generated, read + rate x (t1 - t0)) tokens;
 one without a rate takes every token at once. What it takes is acknowledged to the scheduler
-(`ack`), which is what frees output credits. A client whose `cancel_ts` has come cancels its
+(`EngineCore.ack`), which is what frees output credits. A client whose `cancel_ts` has come cancels its
 request: at that moment, tokens generated but not yet taken are wasted. That includes a
 request that already finished while its slow client was still reading its tail (the scheduler
 has forgotten it, so the clients count that waste themselves).
@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from contbatch.core.base import SchedulerBase
 from contbatch.core.request import Request
+from contbatch.loop import EngineCore
 from contbatch.traces import TraceRequest
 
 _EPS = 1e-9  # fluid reads land on whole tokens up to float error: 150.99999999999997 is 151
@@ -43,7 +43,7 @@ class Clients:
     def next_cancel_ts(self) -> float | None:
         return self._cancels[-1][0] if self._cancels else None
 
-    def cancel_due(self, scheduler: SchedulerBase, until: float, num_added: int) -> None:
+    def cancel_due(self, core: EngineCore, until: float, num_added: int) -> None:
         """Cancel (at their own times) the requests whose cancel time is at or before `until`,
         among the first `num_added` of the trace (those already handed to the scheduler)."""
         kept: list[tuple[float, str]] = []
@@ -56,8 +56,8 @@ class Clients:
             if request.is_finished:
                 self.late_waste += request.num_output_tokens - self.taken(request, ts)
             else:
-                self.read(scheduler, ts, only=request)
-                scheduler.cancel(rid, ts)
+                self.read(core, ts, only=request)
+                core.abort(rid, at=ts)
             self._rates.pop(rid, None)
         # kept times are the smallest, popped in ascending order: put back, the list stays sorted
         self._cancels.extend(reversed(kept))
@@ -77,11 +77,11 @@ class Clients:
     def taken(self, request: Request, now: float) -> int:
         return _whole(self._progress(request, now))
 
-    def read(self, scheduler: SchedulerBase, now: float, *, only: Request | None = None) -> None:
+    def read(self, core: EngineCore, now: float, *, only: Request | None = None) -> None:
         """Every client takes what it can by `now` and acknowledges it."""
         if not self.track_reads:
             return
-        for request in (only,) if only is not None else list(scheduler.requests.values()):
+        for request in (only,) if only is not None else list(core.scheduler.unfinished_requests()):
             if not request.num_output_tokens:
                 continue
             rid = request.request_id
@@ -89,17 +89,17 @@ class Clients:
             if rid in self._rates:
                 self._read[rid], self._seen_ts[rid] = read, now
                 self.max_buffered = max(self.max_buffered, request.num_output_tokens - _whole(read))
-            scheduler.ack(rid, _whole(read) - request.num_sent_tokens, now)
+            core.ack(rid, _whole(read) - request.num_sent_tokens, at=now)
 
     def reads_slowly(self, requests: Sequence[Request]) -> bool:
         """Whether one of `requests` has a finite-rate client (its reads depend on every step)."""
         return bool(self._rates) and any(r.request_id in self._rates for r in requests)
 
-    def next_read_ts(self, scheduler: SchedulerBase) -> float | None:
+    def next_read_ts(self, core: EngineCore) -> float | None:
         """When a slow client next takes one more token (which may give its request credits
         again, running or preempted)."""
         times = []
-        for request in scheduler.requests.values():
+        for request in core.scheduler.unfinished_requests():
             rate = self._rates.get(request.request_id)
             if rate is None or not request.num_unsent_tokens:
                 continue

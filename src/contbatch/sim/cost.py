@@ -22,14 +22,19 @@ a real executor receives), so cost models are pure, frozen and deterministic.
 - `ProfileCost` (`profile:PATH[,model=affine|table][,speed=F]`, seconds): fitted to the real engine's own
   step times by `contbatch calibrate`; `contbatch.sim.costs.profile` states the model and format.
 
-`parse_cost` builds any of them from a spec string; an unknown name or parameter is a
-`CostSpecError` that names it and lists what is known.
+`COST_MODELS` is the registry: spec name -> `CostKind` (the spec's shape, a one-line help, and
+the parser of the text after ``NAME:``). `parse_cost` builds any of them from a spec string; an
+unknown name or parameter is a `CostSpecError` that names it and lists what is known.
+`cost_help` is the registry in words (the CLI's ``--cost`` help). Adding a cost model: the model
+and its parser (here when small, else in a module of `contbatch.sim.costs`), one `COST_MODELS`
+entry, and a test (docs/extending.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -37,17 +42,19 @@ from contbatch.core.outputs import SchedulerOutput
 from contbatch.sim.costs.errors import CostSpecError
 from contbatch.sim.costs.presets import DEVICES, MODELS
 from contbatch.sim.costs.roofline import RooflineCost
-from contbatch.sim.costs.roofline_spec import parse_roofline
-from contbatch.sim.costs.table import TableCost, parse_table
+from contbatch.sim.costs.roofline_spec import ROOFLINE_PARAMS, parse_roofline
+from contbatch.sim.costs.table import TABLE_PARAMS, TableCost, parse_table
 
 __all__ = [
     "COST_MODELS",
     "AffineCost",
+    "CostKind",
     "CostModel",
     "CostSpecError",
     "RooflineCost",
     "TableCost",
     "UnitCost",
+    "cost_help",
     "parse_cost",
 ]
 
@@ -105,31 +112,88 @@ class AffineCost:
         return ms / 1000.0
 
 
-COST_MODELS = ("unit", "affine", "roofline", "table", "profile")
+@dataclass(frozen=True, slots=True)
+class CostKind:
+    """One entry of `COST_MODELS`."""
+
+    usage: str  # the spec's shape, e.g. "unit[:C]"
+    time_unit: str  # the built model's `time_unit`: "tick" or "s"
+    help: str  # one line: what it prices and the names it accepts
+    parse: Callable[[str], CostModel]  # the text after "NAME:" ("" for none) -> the model; CostSpecError if bad
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _parse_unit(args: str) -> UnitCost:
+    return UnitCost(_parse_int(args, "unit cost capacity") if args else 8)
+
+
+def _parse_affine(args: str) -> AffineCost:
+    return AffineCost(**_parse_floats(args, AffineCost))
+
+
+def _parse_profile(args: str) -> CostModel:
+    from contbatch.sim.costs.profile import parse_profile  # it imports this module: only here
+
+    return parse_profile(args)
+
+
+COST_MODELS: dict[str, CostKind] = {
+    "unit": CostKind(
+        "unit[:C]", "tick", "C token-work per tick, 8 if omitted; a step lasts at least 1 tick", _parse_unit
+    ),
+    "affine": CostKind(
+        "affine[:k=v,...]",
+        "s",
+        f"a base per step plus per-token terms; k in {', '.join(_field_names(AffineCost))}",
+        _parse_affine,
+    ),
+    "roofline": CostKind(
+        "roofline:MODEL@DEVICE[xN][,k=v,...]",
+        "s",
+        f"max(compute, memory) of a model on N devices; MODEL in {', '.join(MODELS)}; "
+        f"DEVICE in {', '.join(DEVICES)}; k in {', '.join(ROOFLINE_PARAMS)}",
+        parse_roofline,
+    ),
+    "table": CostKind(
+        "table:PATH.csv[,k=v]",
+        "s",
+        f"interpolated from a CSV grid of step times; k in {', '.join(TABLE_PARAMS)}",
+        parse_table,
+    ),
+    "profile": CostKind(
+        "profile:PATH.json[,model=affine|table][,speed=F]",
+        "s",
+        "fitted to the real engine's step times by contbatch calibrate; speed scales them",
+        _parse_profile,
+    ),
+}
+"""The cost models by spec name (the text before the first ``:``)."""
+
+_UNIT_WORDS = {"tick": "ticks", "s": "seconds"}
+
+
+def cost_help(time_unit: str | None = None) -> str:
+    """The cost models (only those timed in `time_unit`, when given) in words: ``usage (unit: help)``
+    per kind, joined by ``; ``."""
+    return "; ".join(
+        f"{kind.usage} ({_UNIT_WORDS.get(kind.time_unit, kind.time_unit)}: {kind.help})"
+        for kind in COST_MODELS.values()
+        if time_unit is None or kind.time_unit == time_unit
+    )
 
 
 def parse_cost(spec: str) -> CostModel:
     """`unit`, `unit:8`, `affine`, `affine:base_ms=8,decode_ms=0.07`, `roofline:llama-2-7b@a100`,
-    `roofline:llama-3-70b@h100x4,eff=0.5`, `table:steps.csv`, `profile:profile.json`;
-    CostSpecError otherwise."""
+    `roofline:llama-3-70b@h100x4,eff=0.5`, `table:steps.csv`, `profile:profile.json`, ...: the
+    `COST_MODELS` entry named before the first ``:`` parses the rest; CostSpecError otherwise."""
     name, _, args = spec.partition(":")
-    if name == "unit":
-        return UnitCost(_parse_int(args, "unit cost capacity") if args else 8)
-    if name == "affine":
-        return AffineCost(**_parse_floats(args, AffineCost))
-    if name == "roofline":
-        return parse_roofline(args)
-    if name == "table":
-        return parse_table(args)
-    if name == "profile":
-        from contbatch.sim.costs.profile import parse_profile  # it imports this module: only here
-
-        return parse_profile(args)
-    raise CostSpecError(
-        f"unknown cost model {name!r}; known: unit[:C], affine[:k=v,...], "
-        f"roofline:MODEL@DEVICE[xN][,k=v,...] (models: {', '.join(MODELS)}; devices: {', '.join(DEVICES)}), "
-        "table:PATH.csv, profile:PATH.json[,model=affine|table][,speed=F] (from contbatch calibrate)"
-    )
+    kind = COST_MODELS.get(name)
+    if kind is None:
+        raise CostSpecError(f"unknown cost model {name!r}; known: {cost_help()}")
+    return kind.parse(args)
 
 
 def _parse_int(text: str, what: str) -> int:
@@ -140,7 +204,7 @@ def _parse_int(text: str, what: str) -> int:
 
 
 def _parse_floats(args: str, cls: type) -> dict[str, float]:
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = set(_field_names(cls))
     values: dict[str, float] = {}
     for item in filter(None, args.split(",")):
         key, sep, raw = item.partition("=")

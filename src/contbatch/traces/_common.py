@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from contbatch.traces.schema import TIME_UNITS, RequestValueError, Trace, TraceError, TraceRequest
+from contbatch.traces.schema import (
+    TIME_UNITS,
+    RequestValueError,
+    Trace,
+    TraceError,
+    TraceRequest,
+    fractional_tick_time,
+    tick_time_problem,
+)
 
 # Canonical file field -> TraceRequest attribute, in the order files list them.
 CANONICAL_FIELDS: dict[str, str] = {
@@ -142,9 +150,17 @@ def build_request(values: Mapping[str, Any], where: Where, field_names: Mapping[
 
 
 def assemble_trace(
-    label: str, located: Sequence[tuple[int, TraceRequest]], *, name: str, time_unit: str, source: str
+    label: str,
+    located: Sequence[tuple[int, TraceRequest]],
+    *,
+    name: str,
+    time_unit: str,
+    source: str,
+    field_names: Mapping[str, str] = ATTRIBUTE_TO_FIELD,
 ) -> Trace:
-    """The trace of ``located`` (line, request) pairs; rejects an empty file and duplicate ids."""
+    """The trace of ``located`` (line, request) pairs; rejects an empty file, duplicate ids and,
+    in ticks, a time that is not a whole number (named by the file's own field name, from
+    `field_names`: see `schema.check_whole_ticks`)."""
     if not located:
         raise TraceError("empty trace: no requests", file=label)
     first_line: dict[str, int] = {}
@@ -152,6 +168,10 @@ def assemble_trace(
         previous = first_line.setdefault(request.request_id, line)
         if previous != line:
             raise TraceError(f"duplicate id {request.request_id!r} on lines {previous} and {line}", file=label)
+        if time_unit == "tick":
+            field = fractional_tick_time(request)
+            if field is not None:
+                raise Where(label, line).error(tick_time_problem(request, field), field_names.get(field, field))
     return Trace(name=name, requests=tuple(r for _, r in located), time_unit=time_unit, source=source)
 
 

@@ -76,7 +76,7 @@ def parse_azure_csv(text: str, label: str, *, name: str, time_unit: str, source:
         (line, dataclasses.replace(request, arrival_ts=(ns - origin_ns) / _NS_PER_S))
         for line, ns, request in rows
     ]
-    return assemble_trace(label, located, name=name, time_unit=time_unit, source=source)
+    return assemble_trace(label, located, name=name, time_unit=time_unit, source=source, field_names=_FIELD_NAMES)
 
 
 def _parse_row(header: list[str], cells: list[str], where: Where, request_id: str) -> tuple[int, TraceRequest]:

@@ -94,4 +94,4 @@ def parse_burstgpt_csv(text: str, label: str, *, name: str, time_unit: str, sour
     if source is None:
         skipped = f"{num_failed} of {num_rows} rows skipped as failures (zero response tokens)"
         source = f"file {label} (BurstGPT format); {skipped}"
-    return assemble_trace(label, located, name=name, time_unit=time_unit, source=source)
+    return assemble_trace(label, located, name=name, time_unit=time_unit, source=source, field_names=_FIELD_NAMES)

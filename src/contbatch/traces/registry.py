@@ -12,7 +12,8 @@
 3. anything else is a `TraceError` naming the built-ins.
 
 ``time_unit`` overrides the unit of built-ins and files alike (files default to seconds); it
-relabels the numbers, it does not rescale them.
+relabels the numbers, it does not rescale them. Relabelled to ticks, every time must be a whole
+number (`schema.check_whole_ticks`): a fractional one is a `TraceError` naming the request.
 
 Built-ins: ``seed`` (the specification's worked example, in ticks), ``azure-code`` (the shipped
 Azure trace, in seconds) and the synthetic scenarios of `contbatch.traces.scenarios`
@@ -43,7 +44,7 @@ from contbatch.traces.burstgpt import BURSTGPT_HEADER, parse_burstgpt_csv
 from contbatch.traces.canonical_csv import parse_canonical_csv
 from contbatch.traces.jsonl import load_jsonl
 from contbatch.traces.scenarios import SCENARIOS
-from contbatch.traces.schema import Trace, TraceError, TraceRequest
+from contbatch.traces.schema import Trace, TraceError, TraceRequest, check_whole_ticks
 from contbatch.traces.vidur import VIDUR_COLUMNS, parse_vidur_csv
 
 AZURE_CODE_FILE = "AzureLLMInferenceTrace_code_2023.csv"
@@ -110,7 +111,7 @@ def _builtin(name: str, time_unit: str | None) -> Trace:
     if time_unit is None or time_unit == trace.time_unit:
         return trace
     check_time_unit(time_unit, name)
-    return dataclasses.replace(trace, time_unit=time_unit)
+    return check_whole_ticks(dataclasses.replace(trace, time_unit=time_unit), file=name)
 
 
 def _load_sniffed_csv(label: str, time_unit: str) -> Trace:

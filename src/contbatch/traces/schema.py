@@ -26,6 +26,15 @@ Invariants of a `Trace`: ``time_unit`` is one of `TIME_UNITS`; request ids are u
 ``requests`` is sorted by arrival, stably (the constructor sorts, so input order breaks ties);
 ``source`` is a single line.
 
+Whole ticks: a tick clock advances in whole ticks, so in a trace whose ``time_unit`` is
+``"tick"`` every time (``arrival_ts``, ``deadline_ts``, ``cancel_ts``: `TICK_TIME_FIELDS`) must be
+a whole number (3 or 3.0, not 2.5). Every loader enforces it: a file loaded in ticks (row by row,
+in `_common.assemble_trace`) or a built-in relabelled to ticks (`check_whole_ticks`) with a
+fractional time is refused with a `TraceError` naming the request, the field (the file's own
+name for it) and, for a file, the line. ``read_rate`` is a rate, not a time, and may be
+fractional. Traces built in code are not checked at construction: a transformation such as
+`synthetic.scale_to_rate` may rescale a tick trace to fractional times on purpose.
+
 Programmatic misuse raises `RequestValueError` (a `ValueError` naming the attribute); loaders
 turn it into a `TraceError` naming the file, the line and the file's own field name.
 """
@@ -37,6 +46,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 TIME_UNITS: tuple[str, ...] = ("s", "tick")
+TICK_TIME_FIELDS: tuple[str, ...] = ("arrival_ts", "deadline_ts", "cancel_ts")
+"""The `TraceRequest` attributes that are times: whole numbers in a tick-clocked trace."""
 
 
 class TraceError(ValueError):
@@ -209,3 +220,33 @@ class Trace:
     def duration(self) -> float:
         """Time from the trace start (0) to the last arrival, in ``time_unit``; 0.0 if empty."""
         return self.requests[-1].arrival_ts if self.requests else 0.0
+
+
+def fractional_tick_time(request: TraceRequest) -> str | None:
+    """The first of `TICK_TIME_FIELDS` whose value in `request` is not a whole number (the
+    attribute name), or None when every time it has is whole, as a tick clock needs."""
+    for field in TICK_TIME_FIELDS:
+        value = getattr(request, field)
+        if value is not None and not float(value).is_integer():
+            return field
+    return None
+
+
+def tick_time_problem(request: TraceRequest, field: str) -> str:
+    """The error text for a fractional `field` of `request` in a tick-clocked trace."""
+    value = getattr(request, field)
+    whole = "a trace in ticks needs integer times"
+    return f"request {request.request_id!r}: {value!r} is not a whole number of ticks ({whole})"
+
+
+def check_whole_ticks(trace: Trace, *, file: str | None = None) -> Trace:
+    """`trace` itself when its clock is not ticks or every time in it is a whole number; else a
+    `TraceError` naming the first offending request (in arrival order) and its field, and `file`
+    when given. `load_trace` calls it on a built-in relabelled to ticks; the file loaders apply
+    the same rule (`fractional_tick_time`) row by row, to name the line."""
+    if trace.time_unit == "tick":
+        for request in trace.requests:
+            field = fractional_tick_time(request)
+            if field is not None:
+                raise TraceError(tick_time_problem(request, field), file=file, field=field)
+    return trace

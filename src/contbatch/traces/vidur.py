@@ -67,4 +67,4 @@ def parse_vidur_csv(text: str, label: str, *, name: str, time_unit: str, source:
             "num_output_tokens": token_cell(cells[columns["num_decode_tokens"]]),
         }
         located.append((line, build_request(values, where, _FIELD_NAMES)))
-    return assemble_trace(label, located, name=name, time_unit=time_unit, source=source)
+    return assemble_trace(label, located, name=name, time_unit=time_unit, source=source, field_names=_FIELD_NAMES)

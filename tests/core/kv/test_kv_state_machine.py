@@ -264,7 +264,7 @@ class KVMachine(RuleBasedStateMachine):
 
 
 KVMachine.TestCase.settings = settings(
-    max_examples=500,
+    max_examples=5 * settings().max_examples,
     stateful_step_count=40,
     derandomize=True,
     deadline=None,

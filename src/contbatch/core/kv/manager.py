@@ -14,6 +14,12 @@ Invariants (`check_invariants`, after every call in tests):
 - every call is all-or-nothing: a call that is not granted (`Grant.granted` / `SwapOut.swapped`
   False) or raises ValueError changes nothing.
 
+The manager keeps a journal of table changes for the executor (`take_block_deltas`): for each
+resident request whose table changed since the last call, the shortest its table was meanwhile
+(`num_kept`) and the blocks after that. A request freed or swapped out leaves the journal (the
+executor learns that from the step output's finished, preempted and swapped-out ids); one that
+gets a fresh table (first allocation, swap-in) is journalled from 0.
+
 Blocks of one request are released last-block-first, so its tail (the least shareable part of
 a prefix) sits nearer the free-list head and is evicted before its leading blocks.
 """
@@ -56,6 +62,7 @@ class KVCacheManager:
     """Paged KV accounting for the scheduler; see the module docstring for the invariants."""
 
     __slots__ = (
+        "_changed",
         "_host_pool",
         "_host_tables",
         "_num_hashed",
@@ -86,6 +93,8 @@ class KVCacheManager:
         self._host_tables: dict[str, list[int]] = {}  # swapped-out requests: host block ids in token order
         # Leading table entries already offered to the prefix cache, so cache_blocks is O(new full blocks).
         self._num_hashed: dict[str, int] = {}
+        # request id -> the shortest its table has been since the last take_block_deltas()
+        self._changed: dict[str, int] = {}
 
     # -- read-only views ---------------------------------------------------------------------
 
@@ -165,15 +174,17 @@ class KVCacheManager:
             if num_needed <= len(table):
                 return _GRANTED_NOTHING
             if table:
-                return self._grow(table, num_needed - len(table))
+                return self._grow(request_id, table, num_needed - len(table))
         elif request_id in self._host_tables:
             raise ValueError(f"request {request_id!r} is swapped out: swap_in before allocate")
         return self._allocate_first(request_id, num_needed, block_hashes)
 
-    def _grow(self, table: list[int], num_new: int) -> Grant:
+    def _grow(self, request_id: str, table: list[int], num_new: int) -> Grant:
         num_free = self._pool.num_free_blocks
         if num_new > num_free:
             return Grant(granted=False, new_block_ids=(), num_missing_blocks=num_new - num_free)
+        if request_id not in self._changed:
+            self._changed[request_id] = len(table)
         new_block_ids = self._pool.take(num_new)
         table.extend(new_block_ids)
         return Grant(granted=True, new_block_ids=tuple(new_block_ids), num_missing_blocks=0)
@@ -190,6 +201,7 @@ class KVCacheManager:
             pool.share(block_id)
         table = hit_ids + pool.take(num_fresh)
         self._tables[request_id] = table
+        self._changed[request_id] = 0
         if hit_ids:
             self._num_hashed[request_id] = len(hit_ids)
         if not table:
@@ -229,6 +241,7 @@ class KVCacheManager:
         if table is None or len(table) <= num_keep:
             return 0
         released_ids = table[num_keep:]
+        self._changed[request_id] = min(self._changed.get(request_id, len(table)), num_keep)
         del table[num_keep:]
         self._pool.release(reversed(released_ids))
         if self._num_hashed.get(request_id, 0) > num_keep:
@@ -242,6 +255,7 @@ class KVCacheManager:
         with a cached hash stays cached until it is evicted.
         """
         self._num_hashed.pop(request_id, None)
+        self._changed.pop(request_id, None)
         host_table = self._host_tables.pop(request_id, None)
         if host_table is not None:
             self._host_pool.release(host_table)
@@ -267,6 +281,7 @@ class KVCacheManager:
         self._host_tables[request_id] = self._host_pool.take(len(table))
         del self._tables[request_id]
         self._num_hashed.pop(request_id, None)
+        self._changed.pop(request_id, None)
         self._pool.release(reversed(table))
         return SwapOut(swapped=True, device_block_ids=tuple(table), num_host_blocks=len(table))
 
@@ -283,6 +298,7 @@ class KVCacheManager:
             return Grant(granted=False, new_block_ids=(), num_missing_blocks=len(host_table) - num_free)
         table = self._pool.take(len(host_table))
         self._tables[request_id] = table
+        self._changed[request_id] = 0
         del self._host_tables[request_id]
         self._host_pool.release(host_table)
         return Grant(granted=True, new_block_ids=tuple(table), num_missing_blocks=0)
@@ -293,6 +309,15 @@ class KVCacheManager:
         if table is None and request_id in self._host_tables:
             raise ValueError(f"{operation} of request {request_id!r}, which is swapped out")
         return table
+
+    # -- the executor's journal ----------------------------------------------------------------
+
+    def take_block_deltas(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """(request id, blocks kept, blocks added) for every resident request whose table changed
+        since the previous call, in the order of their first change; clears the journal."""
+        changed, self._changed = self._changed, {}
+        tables = self._tables
+        return [(rid, kept, tuple(tables[rid][kept:])) for rid, kept in changed.items()]
 
     # -- checks ------------------------------------------------------------------------------
 

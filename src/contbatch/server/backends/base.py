@@ -1,8 +1,10 @@
-"""What a server backend provides: a tokenizer, a chat template and a step executor.
+"""What a server backend provides: a tokenizer, a chat template, a decoder and a step executor.
 
-A backend is chosen by name (`contbatch.server.backends.make_backend`). The HTTP layer calls
+A backend is chosen by name (`contbatch.server.backends.BACKENDS`). The HTTP layer calls
 `tokenize` and `chat_prompt` from the asyncio thread (they must be pure and thread-safe); the
-driver thread alone calls the executor (`contbatch.server.executor.Executor`).
+driver thread alone runs the step loop with the `executor` (`contbatch.loop.Executor`) and the
+`decoder` (`contbatch.loop.text.Decoder`, for the requests' text streams), and calls `idle`
+when the loop has nothing to run.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contbatch.core.config import SchedulerConfig
-from contbatch.server.executor import Executor
+from contbatch.loop.executor import Executor
+from contbatch.loop.text import Decoder
 
 
 class BackendError(ValueError):
@@ -26,23 +29,17 @@ class ChatMessage:
 
 
 class Backend(Protocol):
-    @property
-    def name(self) -> str: ...  # "sim", "engine"
-
-    @property
-    def model_name(self) -> str: ...  # the id /v1/models lists and requests must name
-
-    @property
-    def config(self) -> SchedulerConfig: ...  # the scheduler config it runs with
-
-    @property
-    def executor(self) -> Executor: ...
-
-    @property
-    def vocab_size(self) -> int | None: ...  # token ids of a prompt given as ids must be below it
+    name: str  # "sim", "engine"
+    model_name: str  # the id /v1/models lists and requests must name
+    config: SchedulerConfig  # the scheduler config it runs with
+    executor: Executor
+    decoder: Decoder
+    vocab_size: int | None  # token ids of a prompt given as ids must be below it
 
     def tokenize(self, text: str) -> tuple[int, ...]: ...
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str: ...
+
+    def idle(self) -> None: ...  # the loop is about to wait: nothing to run
 
     def close(self) -> None: ...

@@ -1,19 +1,12 @@
 """The `engine` backend: the real PyTorch engine of `contbatch.engine`, behind the same server.
 
 This module is only the registration point; the engine lives in `contbatch.engine` and is
-imported here lazily (importing the server never imports torch). The contract that package
-fulfils, by exposing one function::
-
-    contbatch.engine.make_server_backend(
-        config: SchedulerConfig, *, model: str, served_model_name: str | None
-    ) -> contbatch.server.backends.base.Backend
-
-It loads the checkpoint directory `model` (the built-in demo model when None), may adjust
-`config` (e.g. size the KV cache from the memory it finds) and returns a `Backend`: a tokenizer
-and chat template usable from any thread, and an executor (`contbatch.server.executor.Executor`)
-whose `execute(out)` runs the model forward and sampling for one `SchedulerOutput` (sampling
-parameters come with `add_request`; finished requests are in `out.finished_ids`), and whose
-`detokenize` turns output ids into text incrementally.
+imported here lazily (importing the server never imports torch). `contbatch.engine` exposes
+`make_server_backend(config, *, model, served_model_name, kv_cache_memory)`: it loads the
+checkpoint directory `model` (the built-in demo model when None), sizes `config` to the KV cache
+it builds, and returns a `Backend` whose executor runs the model forward and sampling for one
+`SchedulerOutput` (`contbatch.engine.executor.ModelExecutor`) and whose decoder is the model's
+tokenizer.
 """
 
 from __future__ import annotations
@@ -21,22 +14,21 @@ from __future__ import annotations
 import importlib
 
 from contbatch.core.config import SchedulerConfig
+from contbatch.server.backends import BackendOptions
 from contbatch.server.backends.base import Backend, BackendError
 
 ENTRY_POINT = "make_server_backend"
-MISSING = "the engine backend needs contbatch.engine (issue: the real engine)"
 
 
-def make_engine_backend(config: SchedulerConfig, *, model: str | None, served_model_name: str | None) -> Backend:
+def make_engine_backend(config: SchedulerConfig, options: BackendOptions) -> Backend:
     try:
         engine = importlib.import_module("contbatch.engine")
     except ImportError as exc:
-        raise BackendError(f"{MISSING}: {exc}") from None
-    entry = getattr(engine, ENTRY_POINT, None)
-    if entry is None:
-        raise BackendError(f"{MISSING}: contbatch.engine has no {ENTRY_POINT}() entry point yet")
+        raise BackendError(f"the engine backend needs contbatch.engine: {exc}") from None
+    entry = getattr(engine, ENTRY_POINT)
+    extra = {"kv_cache_memory": options.kv_cache_memory} if options.kv_cache_memory is not None else {}
     try:
-        backend: Backend = entry(config, model=model, served_model_name=served_model_name)
+        backend: Backend = entry(config, model=options.model, served_model_name=options.served_model_name, **extra)
     except (OSError, ValueError) as exc:  # an unreadable or unsupported checkpoint
         raise BackendError(f"cannot load the model: {exc}") from None
     return backend

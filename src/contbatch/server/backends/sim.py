@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.core.outputs import SchedulerOutput, StepResult
+from contbatch.loop.params import SamplingParams
 from contbatch.server.backends.base import BackendError, ChatMessage
-from contbatch.server.types import Submission
 from contbatch.sim.cost import CostModel
 from contbatch.sim.executor import sample_counting_down
 
@@ -62,23 +62,32 @@ def tokenize(text: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def eos_length(submission: Submission) -> int | None:
+def eos_length(prompt_token_ids: Sequence[int], params: SamplingParams) -> int | None:
     """Where the end-of-sequence falls (output tokens), or None when it never does before max_tokens."""
-    params = submission.params
+    max_tokens = params.max_tokens or 1
     if params.ignore_eos:
         return None
     if params.seed is not None:
         rng = random.Random(f"eos/{params.seed}")
     else:
-        digest = zlib.crc32(repr(submission.prompt_token_ids).encode("ascii"))
-        rng = random.Random(f"eos/{digest}/{params.max_tokens}")
+        digest = zlib.crc32(repr(tuple(prompt_token_ids)).encode("ascii"))
+        rng = random.Random(f"eos/{digest}/{max_tokens}")
     p = 1.0 / EOS_MEAN
     length = 1 + math.floor(math.log(1.0 - rng.random()) / math.log(1.0 - p))
-    return length if length < params.max_tokens else None
+    return length if length < max_tokens else None
+
+
+class OutputWords:
+    """The decoder of the sim's outputs: every token is `OUTPUT_WORD`."""
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return OUTPUT_WORD * len(token_ids)
 
 
 class PacedSimExecutor:
-    """Prices each step with the cost model and sleeps until its end (see the module docstring)."""
+    """Prices each step with the cost model and sleeps until its end (see the module docstring).
+    It learns each request from the step outputs (its prompt ids and parameters, for where its
+    end-of-sequence falls) and forgets it when it finishes."""
 
     def __init__(
         self,
@@ -91,14 +100,13 @@ class PacedSimExecutor:
         self._clock = clock
         self._sleep = sleep
         self._eos: dict[str, int] = {}  # request id -> output tokens left before its end-of-sequence
+        self._known: set[str] = set()  # started and not finished (a resumed request keeps its countdown)
         self._prev_end: float | None = None
 
-    def add_request(self, submission: Submission) -> None:
-        length = eos_length(submission)
-        if length is not None:
-            self._eos[submission.request_id] = length
-
     def execute(self, out: SchedulerOutput) -> StepResult:
+        self._apply(out)
+        if not out.chunks:
+            return StepResult()  # bookkeeping only: no time
         duration = self.cost.step_time(out)
         now = self._clock()
         prev = self._prev_end
@@ -107,16 +115,20 @@ class PacedSimExecutor:
         while (left := end - self._clock()) > 0:
             self._sleep(left)
         self._prev_end = end
-        return self._sample(out)
-
-    def _sample(self, out: SchedulerOutput) -> StepResult:
         return sample_counting_down(out, self._eos, OUTPUT_TOKEN_ID, lambda chunk: chunk.num_new_tokens)
 
-    def detokenize(self, request_id: str, token_ids: Sequence[int]) -> str:
-        return OUTPUT_WORD * len(token_ids)
-
-    def release(self, request_id: str) -> None:
-        self._eos.pop(request_id, None)
+    def _apply(self, out: SchedulerOutput) -> None:
+        for rid in out.finished_ids:
+            self._eos.pop(rid, None)
+            self._known.discard(rid)
+        for new in out.new_requests:
+            if new.request_id in self._known:
+                continue  # resumed after a preemption: its countdown goes on
+            self._known.add(new.request_id)
+            params = new.params if isinstance(new.params, SamplingParams) else SamplingParams()
+            length = eos_length(new.prompt_token_ids, params)
+            if length is not None:
+                self._eos[new.request_id] = length
 
     def idle(self) -> None:
         self._prev_end = None  # the next step starts when it is launched
@@ -134,16 +146,17 @@ class SimBackend:
         self.config = config
         self.model_name = model_name
         self.executor = PacedSimExecutor(cost)
-
-    @property
-    def vocab_size(self) -> int:
-        return VOCAB_SIZE
+        self.decoder = OutputWords()
+        self.vocab_size = VOCAB_SIZE
 
     def tokenize(self, text: str) -> tuple[int, ...]:
         return tokenize(text)
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         return "\n".join(m.content for m in messages)
+
+    def idle(self) -> None:
+        self.executor.idle()
 
     def close(self) -> None:
         pass

@@ -58,13 +58,13 @@ affine's 0.25 us). Other devices scale by their datasheet ratios; they are not c
 
 from __future__ import annotations
 
-from contbatch.sim.costs.specs import GIB, DeviceSpec, ModelSpec
+from contbatch.sim.costs.specs import GIB, DeviceSpec, ModelShape
 
 _GB = 1e9
 _T = 1e12
 
-MODELS: dict[str, ModelSpec] = {
-    "llama-2-7b": ModelSpec(
+MODELS: dict[str, ModelShape] = {
+    "llama-2-7b": ModelShape(
         name="llama-2-7b",
         num_params=6.74e9,
         num_layers=32,
@@ -75,7 +75,7 @@ MODELS: dict[str, ModelSpec] = {
         intermediate_size=11008,
         vocab_size=32000,
     ),
-    "llama-3-8b": ModelSpec(
+    "llama-3-8b": ModelShape(
         name="llama-3-8b",
         num_params=8.03e9,
         num_layers=32,
@@ -86,7 +86,7 @@ MODELS: dict[str, ModelSpec] = {
         intermediate_size=14336,
         vocab_size=128256,
     ),
-    "qwen2-7b": ModelSpec(
+    "qwen2-7b": ModelShape(
         name="qwen2-7b",
         num_params=7.62e9,
         num_layers=28,
@@ -97,7 +97,7 @@ MODELS: dict[str, ModelSpec] = {
         intermediate_size=18944,
         vocab_size=152064,
     ),
-    "llama-3-70b": ModelSpec(
+    "llama-3-70b": ModelShape(
         name="llama-3-70b",
         num_params=70.6e9,
         num_layers=80,
@@ -108,7 +108,7 @@ MODELS: dict[str, ModelSpec] = {
         intermediate_size=28672,
         vocab_size=128256,
     ),
-    "mixtral-8x7b": ModelSpec(
+    "mixtral-8x7b": ModelShape(
         name="mixtral-8x7b",
         num_params=46.7e9,
         num_layers=32,
@@ -122,7 +122,7 @@ MODELS: dict[str, ModelSpec] = {
         experts_per_token=2,
         expert_intermediate_size=14336,
     ),
-    "qwen1.5-moe-a2.7b": ModelSpec(
+    "qwen1.5-moe-a2.7b": ModelShape(
         name="qwen1.5-moe-a2.7b",
         num_params=14.3e9,
         num_layers=24,
@@ -189,7 +189,7 @@ MODEL_ALIASES: dict[str, str] = {
 }
 
 
-def model_preset(name: str) -> ModelSpec | None:
+def model_preset(name: str) -> ModelShape | None:
     key = name.lower()
     return MODELS.get(MODEL_ALIASES.get(key, key))
 

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from contbatch.core.outputs import SchedulerOutput
 from contbatch.sim.costs.errors import CostSpecError, check_int, check_number
 from contbatch.sim.costs.router import ExpertLoadStats, ExpertLoadSummary, ExpertRouter, imbalance
-from contbatch.sim.costs.specs import GIB, DeviceSpec, ModelSpec
+from contbatch.sim.costs.specs import GIB, DeviceSpec, ModelShape
 
 DEFAULT_RESERVE_BYTES = 4 * GIB  # activations of a profiling run, CUDA graphs, the CUDA context
 
@@ -96,7 +96,7 @@ class _Work:
 
 @dataclass(frozen=True, slots=True)
 class RooflineCost:
-    model: ModelSpec
+    model: ModelShape
     device: DeviceSpec
     num_devices: int = 1  # tensor-parallel degree
     expert_parallel: int = 1  # 1, or num_devices: experts spread whole over the devices (MoE only)
@@ -291,7 +291,7 @@ def _attention_and_logits(out: SchedulerOutput) -> tuple[float, int]:
 
 
 def kv_blocks(
-    model: ModelSpec,
+    model: ModelShape,
     device: DeviceSpec,
     block_size: int = 16,
     utilization: float = 0.9,

@@ -18,7 +18,7 @@ from contbatch.sim.costs.errors import CostSpecError, float_param, int_param, sp
 from contbatch.sim.costs.presets import DEVICES, MODELS, device_preset, model_preset
 from contbatch.sim.costs.roofline import RooflineCost
 from contbatch.sim.costs.router import ROUTER_KINDS, ExpertRouter
-from contbatch.sim.costs.specs import DeviceSpec, ModelSpec
+from contbatch.sim.costs.specs import DeviceSpec, ModelShape
 
 ROOFLINE_PARAMS = (
     "eff",
@@ -97,7 +97,7 @@ def _first(*values: float | None) -> float:
     return next(v for v in values if v is not None)
 
 
-def _model_overrides(model: ModelSpec, params: dict[str, str]) -> ModelSpec:
+def _model_overrides(model: ModelShape, params: dict[str, str]) -> ModelShape:
     def size(key: str, default: float) -> float:
         return float_param(params[key], key, _WHAT, exclusive=True) if key in params else default
 

@@ -1,13 +1,15 @@
 """What a roofline cost model knows about a model and a device: two frozen dataclasses.
 
-`ModelSpec` is a decoder-only transformer as its Hugging Face ``config.json`` describes it:
+`ModelShape` is a decoder-only transformer as its Hugging Face ``config.json`` describes it:
 layers, hidden size, attention heads and KV heads (grouped-query attention), head dimension,
 the SwiGLU MLP's intermediate size (three matrices: gate, up, down), vocabulary, and for a
 mixture of experts the number of routed experts, experts per token, their intermediate size and
 an always-active shared expert. Sizes derived from it (parameters per layer, KV bytes per token)
 are properties, so they cannot disagree with the fields. ``num_params`` is the published total,
 used for the weights' memory; `derived_params` recomputes it from the shapes (tests check the two
-agree within ~1 %, which validates each preset's shape fields).
+agree within ~1 %, which validates each preset's shape fields). It is the roofline's arithmetic
+model of a transformer, not a checkpoint: the engine's `contbatch.engine.spec.ModelSpec` describes
+a checkpoint it loads.
 
 `DeviceSpec` is one accelerator as its datasheet describes it (dense FP16/BF16 tensor FLOP/s,
 memory bandwidth and capacity, device-to-device and host links), plus the fractions of the peaks
@@ -30,7 +32,7 @@ GIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
-class ModelSpec:
+class ModelShape:
     name: str
     num_params: float  # published total parameter count (all experts included)
     num_layers: int

@@ -1,4 +1,5 @@
-"""Streaming text out of token ids: incremental detokenization and stop strings.
+"""Streaming text out of token ids: incremental detokenization and stop strings, the one
+implementation the loop applies to every request that has text (the engine's and the server's).
 
 `IncrementalDetokenizer` turns a growing list of output token ids into text deltas. It decodes a
 small window (a few tokens of already-emitted context plus the new ones) and emits only the part
@@ -19,10 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-from contbatch.engine.tokenizer import Tokenizer
+from typing import Protocol
 
 _REPLACEMENT = "\ufffd"
+
+
+class Decoder(Protocol):
+    """What detokenization needs of a tokenizer (`contbatch.engine.tokenizer.Tokenizer` has it)."""
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...
 
 
 class IncrementalDetokenizer:
@@ -30,7 +36,7 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Decoder,
         prompt_token_ids: Sequence[int] = (),
         *,
         skip_special_tokens: bool = True,
@@ -128,7 +134,7 @@ class TextStream:
 
     def __init__(
         self,
-        tokenizer: Tokenizer,
+        tokenizer: Decoder,
         prompt_token_ids: Sequence[int] = (),
         stop: Sequence[str] = (),
         *,

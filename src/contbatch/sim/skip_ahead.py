@@ -1,0 +1,187 @@
+"""Skip-ahead: the simulator takes the steps whose decisions are foregone as decode runs
+(`contbatch.sim.decode_run`), priced and timed here on the loop's virtual clock.
+
+A run goes on while it can: arrivals that fit are admitted inside it, unless clients are tracked
+(then it stops at the next arrival); it never runs through a step during which a client cancels
+(that step's results must see the cancellation); it takes at most `RUN_STEPS` steps. Every step
+it takes is added to the loop's totals and, when the loop has observers, reported as the same
+`StepRecord` stepping would give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from contbatch.core.outputs import SchedulerOutput
+from contbatch.core.scheduler import ContinuousScheduler
+from contbatch.loop import EngineCore, StepRecord, VirtualClock
+from contbatch.sim.clients import Clients
+from contbatch.sim.cost import CostModel
+from contbatch.sim.decode_run import DecodeRun, open_run
+from contbatch.sim.executor import SimExecutor
+
+if TYPE_CHECKING:
+    from contbatch.sim.loop import Arrivals, Inspect
+
+RUN_STEPS = 1024  # the most steps one decode run takes: bounds its step-time list and, in streaming mode, how
+# many finished requests wait to be folded (every 1,024 steps, as outside runs)
+
+
+def decode_shape(step_id: int, num_decodes: int, context: int, num_padding: int) -> SchedulerOutput:
+    """The shape of a step of `num_decodes` steady decodes (chunks omitted)."""
+    return SchedulerOutput(
+        step_id,
+        (),
+        num_decodes,
+        0,
+        num_decodes,
+        context,
+        num_padding,
+        num_requests=num_decodes,
+        num_omitted_decodes=num_decodes,
+    )
+
+
+class _Pricers:
+    """Step prices for decode runs: the cost model's `decode_pricer(decodes, padding)` when it
+    has one (one per batch shape, kept), else `step_time` of the step's shape."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._fast: dict[tuple[int, int], Callable[[int, int], float]] = {}
+        self._make = getattr(cost, "decode_pricer", None)
+
+    def for_decodes(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float]:
+        """`price(step_id, context)` of a step of `num_decodes` steady decodes."""
+        key = (num_decodes, num_padding)
+        price = self._fast.get(key)
+        if price is None:
+            made = self._make(num_decodes, num_padding) if self._make is not None else None
+            price = made if made is not None else self._generic(num_decodes, num_padding)
+            self._fast[key] = price
+        return price
+
+    def _generic(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float]:
+        step_time = self.cost.step_time
+
+        def price(step_id: int, context: int) -> float:
+            return step_time(decode_shape(step_id, num_decodes, context, num_padding))
+
+        return price
+
+
+class SkipAhead:
+    def __init__(
+        self, core: EngineCore, clock: VirtualClock, executor: SimExecutor, arrivals: Arrivals, clients: Clients
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.executor = executor
+        self.arrivals = arrivals
+        self.clients = clients
+        self.pricers = _Pricers(clock.pricer)
+
+    def run(self, scheduler: ContinuousScheduler, inspect: Inspect | None) -> None:
+        """Take the coming steps as a decode run, if they are foregone, for as long as it lasts."""
+        ff = scheduler.fast_forward()
+        if ff is None or self.clients.reads_slowly(ff.running):
+            return
+        run = open_run(ff, self.executor.stop_after, admits_arrivals=not self.clients.track_reads)
+        driver = _RunDriver(self, run)
+        while driver.taken < RUN_STEPS and driver.advance():
+            pass
+        run.close()
+        if inspect is not None and driver.taken:
+            inspect(scheduler, driver.last_shape(), self.clock.now())
+
+
+class _RunDriver:
+    """Prices and times the steps of one decode run on the loop's clock."""
+
+    def __init__(self, skip: SkipAhead, run: DecodeRun) -> None:
+        self.run = run
+        self.core = skip.core
+        self.clock = skip.clock
+        self.pricers = skip.pricers
+        self.arrivals = skip.arrivals
+        self.cancel_ts = skip.clients.next_cancel_ts()  # a step overlapping it is not the run's
+        self.total_blocks = run.ff.num_blocks or 1
+        self.next_arrival = self.arrivals.next_ts()
+        self.observed = bool(self.core.observers)
+        self.taken = 0
+        self.duration = 0.0  # the last step's
+        # the last step: its shape, or a decode step's (decodes, context, padding)
+        self.last: SchedulerOutput | tuple[int, int, int] = (0, 0, 0)
+
+    def last_shape(self) -> SchedulerOutput:
+        last = self.last
+        step_id = self.run.first_step_id + self.taken - 1
+        return last if isinstance(last, SchedulerOutput) else decode_shape(step_id, *last)
+
+    def advance(self) -> bool:
+        """Take the next step(s); False when the run must end."""
+        if self.next_arrival is not None and self.clock.now() >= self.next_arrival:
+            return self._arrival_step()
+        return self._segment()
+
+    def _arrival_step(self) -> bool:
+        if not self.run.admits_arrivals:
+            return False
+        start = self.clock.now()
+        self.arrivals.hand_over(self.core, start)  # as the loop would (rejections happen here)
+        self.next_arrival = self.arrivals.next_ts()
+        planned = self.run.admit_step(start)
+        if planned is None:
+            return False
+        shape, used = planned
+        self.last = shape
+        self.duration = self.clock.pricer.step_time(shape)
+        end = self.clock.advance_by(self.duration)
+        kv_usage = used / self.total_blocks
+        self.core.totals.add_step(end - start, shape.num_padding_tokens, kv_usage)  # as stepping counts it
+        if self.observed:
+            self.core.observe(StepRecord(shape, start, end, kv_usage, shape.num_requests))
+        self.run.commit(end)
+        self.taken += 1
+        return True
+
+    def _segment(self) -> bool:
+        limit = RUN_STEPS - self.taken
+        segment = self.run.decode_segment(_segment_steps(self.next_arrival, self.clock.now(), self.duration, limit))
+        if segment is None:
+            return False
+        n, context, padding = segment.num_decodes, segment.first_context, segment.num_padding
+        price = self.pricers.for_decodes(n, padding)
+        clock, next_arrival, cancel_ts, totals = self.clock, self.next_arrival, self.cancel_ts, self.core.totals
+        first_id = self.run.first_step_id + self.taken
+        total_blocks = self.total_blocks
+        ends: list[float] = []
+        for used in segment.blocks_in_use:
+            now = clock.now()
+            if next_arrival is not None and now >= next_arrival:
+                break
+            duration = price(first_id + len(ends), context)
+            if cancel_ts is not None and now + duration >= cancel_ts:
+                self.run.commit_segment(segment, ends)
+                self.taken += len(ends)
+                return False
+            end = clock.advance_by(duration)
+            totals.add_step(end - now, padding, used / total_blocks)  # as stepping counts it
+            if self.observed:
+                shape = decode_shape(first_id + len(ends), n, context, padding)
+                self.core.observe(StepRecord(shape, now, end, used / total_blocks, n))
+            ends.append(end)
+            self.duration, self.last = duration, (n, context, padding)
+            context += n
+        self.run.commit_segment(segment, ends)
+        self.taken += len(ends)
+        return True
+
+
+def _segment_steps(next_arrival: float | None, now: float, last_duration: float, limit: int) -> int:
+    """How many decode steps to plan before the next arrival: an overestimate (steps only get
+    cheaper as the batch shrinks), never more than `limit`."""
+    if next_arrival is None or last_duration <= 0:
+        return limit if next_arrival is None else min(limit, 16)
+    return min(limit, int((next_arrival - now) / last_duration * 1.25) + 2)

@@ -1,0 +1,34 @@
+"""Hypothesis profiles for the whole suite, chosen by the HYPOTHESIS_PROFILE environment variable
+(or pytest's `--hypothesis-profile NAME`, which wins):
+
+- `ci` (the default, what `make test` runs): 100 examples a test, derandomized (every run draws
+  the same examples, so the gate is reproducible), no example database, a failing example
+  printed as a reproduction blob;
+- `fast` (`make test-fast`; `dev` is the same): 10 examples a test, random, with the example
+  database, so a failure found once is replayed first next time;
+- `thorough`: 1,000 examples a test, random (a long run before a release or after a change to
+  the scheduler's core).
+
+Every profile has no deadline and tolerates slow data generation (`HealthCheck.too_slow`): the
+suite must pass on a loaded 2-core machine, where an example's wall time says nothing.
+
+A test that needs more (or fewer) examples than the others states it as a multiple of the
+profile's count, never as a fixed number, so that the profile scales it too:
+``@settings(max_examples=4 * settings().max_examples)`` (`settings()` is the loaded profile).
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+# what every profile shares: the wall time of an example is no signal on a loaded machine
+_ANY_LOAD = settings(
+    settings.get_profile("default"), deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.register_profile("ci", _ANY_LOAD, max_examples=100, derandomize=True, database=None)
+settings.register_profile("fast", _ANY_LOAD, max_examples=10)
+settings.register_profile("dev", settings.get_profile("fast"))
+settings.register_profile("thorough", _ANY_LOAD, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
