@@ -81,6 +81,39 @@ def test_greedy_equals_transformers_under_continuous_batching(
     assert engine.scheduler.memory is not None and engine.scheduler.memory.kv.num_used_blocks == 0
 
 
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_the_offline_engine_hits_the_prefix_cache_with_the_same_greedy_outputs(
+    checkpoint: Path, expected: dict[int, list[int]], preemption: str
+) -> None:
+    """Prefix caching through `LLMEngine` (the intake computes the prompt block hashes): the
+    second of two equal 61-token prompts finds its 3 full blocks (48 tokens) cached, and every
+    greedy output equals transformers', with and without prefix caching, also when a small cache
+    preempts."""
+    prompts = _prompts()
+    twice = [prompts[2], prompts[2], *prompts]  # the 61-token prompt, twice, then all four
+    want = [expected[2], expected[2], *(expected[i] for i in range(len(prompts)))]
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW, ignore_eos=True)
+    outputs = {}
+    for caching in (False, True):
+        kv = KVConfig(preemption=preemption, num_host_blocks=64, watermark=0.0, enable_prefix_caching=caching)
+        config = EngineConfig(
+            model=str(checkpoint),
+            kv_cache_memory=24 * BLOCK_BYTES,
+            scheduler=SchedulerConfig(max_num_batched_tokens=256, kv=kv),
+        )
+        engine = LLMEngine(config)
+        first = engine.add_request(twice[0], params)
+        while engine.has_unfinished():  # the first finishes: its blocks stay cached
+            engine.step()
+        requests = [first] + [engine.add_request(p, params) for p in twice[1:]]
+        while engine.has_unfinished():
+            engine.step()
+        outputs[caching] = [r.output_token_ids for r in requests]
+        stats = engine.scheduler.stats
+        assert stats.num_prefix_hit_tokens == (48 + 48 if caching else 0)  # both later copies hit 3 blocks
+    assert outputs[True] == outputs[False] == want
+
+
 def test_a_failing_step_ends_only_its_requests(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = _engine(checkpoint, num_blocks=64, budget=256)
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

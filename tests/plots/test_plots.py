@@ -139,6 +139,21 @@ def test_step_series_keeps_one_point_per_step(seed_runs: dict[str, tuple[SimResu
     assert (first.time, first.num_requests, first.num_tokens, first.duration) == (1.0, 2, 6, 1.0)
 
 
+def test_step_series_sees_every_step_of_a_skipped_ahead_run() -> None:
+    """Decode runs report every step they take: the KV/batch series of the default (skip-ahead)
+    simulation is the series of stepping one step at a time, and it covers the whole busy time."""
+    trace = load_trace("kv-pressure")
+    config = SchedulerConfig(max_num_batched_tokens=2048, kv=KVConfig(num_blocks=2048))
+    series = {skip: StepSeries() for skip in (True, False)}
+    sims = {
+        skip: simulate(trace, make_scheduler("continuous", config), AffineCost(), observers=[s], skip_ahead=skip)
+        for skip, s in series.items()
+    }
+    assert series[True].points == series[False].points
+    assert len(series[True].points) == sims[True].num_steps
+    assert sum(p.duration or 0.0 for p in series[True].points) == pytest.approx(sims[True].busy_time)
+
+
 # -- plots -----------------------------------------------------------------------------------
 
 

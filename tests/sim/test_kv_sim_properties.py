@@ -5,7 +5,9 @@ buckets and speculative decoding, and random cancellations (before a step or whi
 
 The loop is driven by hand with the simulator's executor (`SimExecutor`: stops at the trace's
 output length, seeded draft acceptance); `check_invariants` runs after every arrival batch,
-cancellation and update. At the end every request has finished exactly once with the reason its
+cancellation and update. Beside it, a `Mirror` builds an executor's view from the step outputs
+alone (the contract of `contbatch.core.outputs`): after every output, each scheduled or running
+request's token ids and device block table must equal the scheduler's. At the end every request has finished exactly once with the reason its
 spec predicts, no block is used (device or host), nobody is lost, and the counters agree with
 the timelines.
 
@@ -34,6 +36,7 @@ from contbatch.core import (
     Request,
     SchedulerConfig,
     SchedulerOutput,
+    StepResult,
     check_invariants,
 )
 from contbatch.core.config import ADMISSION_MODES, PREEMPTION_MODES, VICTIM_CHOICES, KVConfig
@@ -184,6 +187,49 @@ def expected_padding(config: SchedulerConfig, out: SchedulerOutput) -> int:
     return 0 if n == 0 or bucket is None else bucket - n
 
 
+class Mirror:
+    """What an executor knows when it applies every step output in order, and nothing else."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.tables: dict[str, list[int]] = {}
+
+    def apply(self, out: SchedulerOutput) -> None:
+        for rid in out.finished_ids:
+            self.tokens.pop(rid, None)
+            self.tables.pop(rid, None)
+        swapped = {rid for rid, _ in out.swapped_out}
+        for rid in out.preempted_ids:
+            if rid in swapped:
+                self.tables[rid] = []  # its KV went to the host; it keeps its tokens
+            else:
+                self.tokens.pop(rid, None)
+                self.tables.pop(rid, None)
+        for new in out.new_requests:
+            self.tokens[new.request_id] = list(new.prompt_token_ids) + list(new.output_token_ids)
+            self.tables[new.request_id] = []
+        for rid, _ in out.swapped_in:
+            assert self.tables[rid] == [], f"{rid!r} swapped in while holding device blocks"
+        for rid, num_kept, added in out.block_deltas:
+            assert rid in self.tables, f"step {out.step_id}: blocks for {rid!r}, never started"
+            del self.tables[rid][num_kept:]
+            self.tables[rid].extend(added)
+
+    def sampled(self, result: StepResult) -> None:
+        for rid, token_ids in result.sampled_token_ids.items():
+            if rid in self.tokens:
+                self.tokens[rid].extend(token_ids)
+
+    def check(self, s: ContinuousScheduler, out: SchedulerOutput) -> None:
+        assert s.memory is not None
+        kv = s.memory.kv
+        ids = {c.request_id for c in out.chunks} | {r.request_id for r in s.running}
+        for rid in ids:
+            request = s.requests[rid]
+            assert self.tables.get(rid) == list(kv.block_table(rid)), (out.step_id, rid)
+            assert self.tokens[rid] == list(request.prompt_token_ids) + request.output_token_ids, (out.step_id, rid)
+
+
 def drive(
     s: ContinuousScheduler, trace: Trace, requests: list[Request], cancel_list: list[Cancel], acceptance: float
 ) -> set[str]:
@@ -192,6 +238,7 @@ def drive(
     stops = {t.request_id: t.num_output_tokens for t in specs if t.num_output_tokens < t.output_limit}
     executor = SimExecutor(stops, acceptance_rate=acceptance, seed=7)
     cancelled: set[str] = set()
+    mirror = Mirror()
     now, arrived, padding = 0.0, 0, 0
     for i in range(MAX_STEPS):
         while arrived < len(requests) and specs[arrived].arrival_ts <= now:
@@ -202,6 +249,9 @@ def drive(
                 cancelled.add(requests[c.index % len(requests)].request_id)
         check_invariants(s)
         out = s.schedule(now) if s.has_unfinished() else None
+        if out is not None:
+            mirror.apply(out)
+            mirror.check(s, out)
         if out is None or out.is_empty:
             if arrived == len(requests):
                 assert not s.has_unfinished(), f"stalled at {now}: {list(s.requests.values())}"
@@ -218,6 +268,7 @@ def drive(
         if out.swapped_out:
             event("a request was swapped out")
         result = executor.execute(out)
+        mirror.sampled(result)
         for c in cancel_list:
             if c.step == i and c.in_flight and s.cancel(requests[c.index % len(requests)].request_id, now):
                 cancelled.add(requests[c.index % len(requests)].request_id)
@@ -273,6 +324,8 @@ def run_case(case: tuple[SchedulerConfig, Trace], cancel_list: list[Cancel], acc
     config, trace = case
     assert config.kv is not None
     requests = [make_request(spec, config.kv.block_size) for spec in trace.requests]
+    for i, r in enumerate(requests):  # token ids, so the contract's token ids can be checked too
+        r.prompt_token_ids = tuple(range(i, i + r.num_prompt_tokens))
     s = ContinuousScheduler(config)
     cancelled = drive(s, trace, requests, cancel_list, acceptance)
     check_end(s, trace, requests, cancelled)

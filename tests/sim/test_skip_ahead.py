@@ -1,7 +1,9 @@
 """Skip-ahead (`simulate(..., skip_ahead=True)`, the default: decode runs that admit arrivals,
-`contbatch.core.span`) gives exactly the per-request results of stepping through every step:
-same token timestamps, finish times and reasons, same step count, busy time, KV usage and
-counters, under every cost model and across the configuration knobs a run must respect."""
+`contbatch.sim.decode_run`) gives exactly the per-request results of stepping through every
+step: same token timestamps, finish times and reasons, same step count, busy time, KV usage and
+counters, and the same per-step records for observers (step ids, times, batch sizes, tokens,
+context, padding, KV usage), under every cost model and across the configuration knobs a run
+must respect."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from contbatch.core import ContinuousScheduler, SchedulerConfig, check_invariants
 from contbatch.core.config import KVConfig, LifecycleConfig, TenantConfig
+from contbatch.loop import StepObserver, StepRecord
 from contbatch.sim import AffineCost, SimResult, UnitCost, parse_cost, simulate
 from contbatch.traces import Trace, TraceRequest
 from contbatch.traces.synthetic import fixed, generate, poisson, uniform
@@ -28,13 +31,14 @@ COSTS = {
 @st.composite
 def traces(draw: st.DrawFn) -> Trace:
     n = draw(st.integers(1, 14))
+    clients = draw(st.booleans())  # without cancellations and read rates, runs admit arrivals
     requests = []
     for i in range(n):
         prompt = draw(st.integers(1, 40))
         output = draw(st.integers(1, 40))
         extra = draw(st.sampled_from([0, 0, 5]))
         arrival = float(draw(st.integers(0, 60))) + draw(st.sampled_from([0.0, 0.25, 0.5]))
-        cancel_after = draw(st.sampled_from([None, None, None, None, 0.3, 2.0, 7.0]))
+        cancel_after = draw(st.sampled_from([None, None, None, None, 0.3, 2.0, 7.0])) if clients else None
         requests.append(
             TraceRequest(
                 f"r{i}",
@@ -45,7 +49,7 @@ def traces(draw: st.DrawFn) -> Trace:
                 tenant=draw(st.sampled_from(["a", "b", None])),
                 priority=draw(st.integers(0, 2)),
                 cancel_ts=None if cancel_after is None else arrival + cancel_after,
-                read_rate=draw(st.sampled_from([None, None, None, None, 0.5, 20.0])),
+                read_rate=draw(st.sampled_from([None, None, None, None, 0.5, 20.0])) if clients else None,
             )
         )
     return Trace("gen", tuple(requests), "s", "hypothesis")
@@ -101,6 +105,30 @@ def _fingerprint(result: SimResult) -> tuple[object, ...]:
     return timelines, result.num_steps, result.padding_tokens, stats, result.unsent_tokens, result.max_buffered_tokens
 
 
+class StepLog(StepObserver):
+    """Every step record, as the fields a plot or a metrics exporter reads."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[object, ...]] = []
+
+    def on_step(self, record: StepRecord) -> None:
+        out = record.out
+        self.rows.append(
+            (
+                out.step_id,
+                record.start_ts,
+                record.end_ts,
+                out.num_requests,
+                out.num_prefill_tokens,
+                out.num_decode_tokens,
+                out.num_context_tokens,
+                out.num_padding_tokens,
+                record.kv_usage,
+                record.num_sampled_tokens,
+            )
+        )
+
+
 @settings(max_examples=3 * settings().max_examples, deadline=None, derandomize=True)
 @given(trace=traces(), config=configs(), cost_name=st.sampled_from(sorted(COSTS)))
 def test_skip_ahead_equals_step_by_step(trace: Trace, config: SchedulerConfig, cost_name: str) -> None:
@@ -114,9 +142,12 @@ def test_skip_ahead_equals_step_by_step(trace: Trace, config: SchedulerConfig, c
 
     if cost_name == "moe":
         cost.reset_stats()  # type: ignore[attr-defined]
-    stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
-    skipped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=True, inspect=check)
+    stepped_log, skipped_log = StepLog(), StepLog()
+    stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False, observers=[stepped_log])
+    skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=check, observers=[skipped_log])
     assert _fingerprint(skipped) == _fingerprint(stepped)
+    assert skipped_log.rows == stepped_log.rows
+    assert len(stepped_log.rows) == stepped.num_steps
     assert abs(skipped.busy_time - stepped.busy_time) <= 1e-9 * max(1.0, stepped.busy_time)
     assert abs(skipped.kv_usage_mean - stepped.kv_usage_mean) <= 1e-9
 
@@ -142,10 +173,14 @@ def test_decode_runs_admit_arrivals() -> None:
     config = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=64, kv=KVConfig(num_blocks=4000))
     cost = COSTS["roofline"]
     calls: list[float] = []
-    stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
-    skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=lambda s, o, n: calls.append(n))
+    stepped_log, skipped_log = StepLog(), StepLog()
+    stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False, observers=[stepped_log])
+    skipped = simulate(
+        trace, ContinuousScheduler(config), cost, inspect=lambda s, o, n: calls.append(n), observers=[skipped_log]
+    )
     assert _fingerprint(skipped) == _fingerprint(stepped)
     assert skipped.kv_usage_mean == stepped.kv_usage_mean
+    assert skipped_log.rows == stepped_log.rows
     assert len(calls) < skipped.num_steps / 20
 
 
