@@ -7,9 +7,9 @@ The loop is driven by hand with the simulator's executor (`SimExecutor`: stops a
 output length, seeded draft acceptance); `check_invariants` runs after every arrival batch,
 cancellation and update. Beside it, a `Mirror` builds an executor's view from the step outputs
 alone (the contract of `contbatch.core.outputs`): after every output, each scheduled or running
-request's token ids and device block table must equal the scheduler's. At the end every request has finished exactly once with the reason its
-spec predicts, no block is used (device or host), nobody is lost, and the counters agree with
-the timelines.
+request's token ids and device block table must equal the scheduler's. At the end every
+request has finished exactly once with the reason its spec predicts, no block is used (device
+or host), nobody is lost, and the counters agree with the timelines.
 
 Known bugs kept out of the generated configs (each has a strict-xfail test elsewhere):
 - with `preemption="swap"` a victim already scheduled in the step is swapped out with the blocks
