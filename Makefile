@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck docs clean
+.PHONY: demo test test-fast lint typecheck docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ docs: $(STAMP)
 
 test: $(STAMP) lint typecheck docs
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# the inner loop, under 2 minutes: ruff, then the suite without the tests marked slow, with the
+# `fast` Hypothesis profile (10 examples a property; tests/conftest.py); no mypy, no docs
+test-fast: $(STAMP) lint
+	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

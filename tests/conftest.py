@@ -1,4 +1,13 @@
-"""Hypothesis profiles for the whole suite, chosen by the HYPOTHESIS_PROFILE environment variable
+"""What the whole suite shares: one torch thread per process, and the Hypothesis profiles.
+
+Threads: xdist runs 2 workers on this 2-core machine, which may be busy with other work too. A
+torch process with a pool of 2 intra-op threads then waits, at every parallel op, for a thread
+that is not running: `contbatch run --trace seed-scaled` (tests/cli/test_engine_cmd.py) took
+14 s alone, 188 s beside two busy loops and another torch process, and 20 s there with one
+thread. So OMP_NUM_THREADS (and MKL_NUM_THREADS) default to 1, before anything imports torch;
+CLI subprocesses inherit them. Set them to override.
+
+Hypothesis profiles, chosen by the HYPOTHESIS_PROFILE environment variable
 (or pytest's `--hypothesis-profile NAME`, which wins):
 
 - `ci` (the default, what `make test` runs): 100 examples a test, derandomized (every run draws
@@ -22,6 +31,9 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
+
+for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_threads, "1")
 
 # what every profile shares: the wall time of an example is no signal on a loaded machine
 _ANY_LOAD = settings(

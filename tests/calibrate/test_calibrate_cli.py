@@ -103,6 +103,7 @@ def test_validate_refuses_an_unknown_trace(tmp_path: Path, capsys: pytest.Captur
                 "--replays must be >= 1")  # fmt: skip
 
 
+@pytest.mark.slow  # a calibration and two real-time engine replays: 4 s, 13 s on a loaded machine
 def test_calibrate_simulate_and_validate_a_tiny_model(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,7 +8,9 @@
   out) the request's device and host blocks are free right after the call, it ends CANCELLED
   once, its timeline keeps the tokens it got, and tokens of its step in flight count as unsent.
 - output credits: a running request with `output_credits` unsent tokens is paused (not
-  scheduled) until the client acks; `ack` resumes it and the pause is counted in `paused_time`.
+  scheduled) until the client acks enough to free half its credits; `ack` resumes it then and
+  the pause is counted in `paused_time`; past `max_pause` it is preempted only for someone who
+  waits.
 """
 
 from __future__ import annotations
@@ -261,23 +263,59 @@ def test_max_pause_cancel_ends_a_paused_request_with_timeout() -> None:
     assert s.stats.num_unsent_tokens == 1 and s.stats.paused_time == 2.0 and held_device_host(s, "r") == (0, 0)
 
 
-def test_max_pause_preempt_frees_the_kv_and_readmits_after_a_read() -> None:
+def test_max_pause_preempt_frees_the_kv_for_a_waiting_request_and_readmits_after_a_read() -> None:
     s = ContinuousScheduler(config(output_credits=1, max_pause=2.0, pause_action="preempt"))
     r = add(s, "r", 0.0, 2, 3)
     step(s, 0.0)
-    step(s, 1.0)
+    step(s, 1.0)  # paused at 1.0
+    w = add(s, "w", 2.5, 2, 1)  # waits for the only seat
+    assert s.next_timer() == 3.0  # now that someone waits, the pause limit can fire
     out = step(s, 3.0)
-    assert out.preempted_ids == ("r",) and out.is_empty and r.status is RequestStatus.PREEMPTED
+    assert out.preempted_ids == ("r",) and r.status is RequestStatus.PREEMPTED
+    assert [c.request_id for c in out.chunks] == ["w"]  # the seat went to the waiting request
     assert s.stats.num_pause_preemptions == 1 and held_device_host(s, "r") == (0, 0)
     out = step(s, 4.0)  # no credit: skipped in the queue
-    assert out.is_empty and r.status is RequestStatus.PREEMPTED
-    s.ack("r", 1, 5.0)
+    assert out.is_empty and r.status is RequestStatus.PREEMPTED and w.finish_reason is FinishReason.LENGTH
+    s.ack("w", 1, 5.0)
     now = 5.0
     while s.has_unfinished():
         s.ack("r", 1, now)
         step(s, now)
         now += 1.0
     assert r.finish_reason is FinishReason.LENGTH and r.num_output_tokens == 3
+
+
+def test_a_paused_request_keeps_its_seat_and_kv_while_nobody_waits() -> None:
+    """No thrash: pausing past max_pause preempts only for someone who waits; alone, the request
+    keeps its KV (no recompute) and goes on when its client reads."""
+    s = ContinuousScheduler(config(output_credits=1, max_pause=2.0, pause_action="preempt"))
+    r = add(s, "r", 0.0, 2, 3)
+    step(s, 0.0)
+    step(s, 1.0)  # paused at 1.0
+    assert s.next_timer() is None  # the pause limit cannot fire with nobody waiting
+    out = step(s, 10.0)
+    assert out.is_empty and not out.preempted_ids and r.status is RequestStatus.RUNNING
+    assert held_device_host(s, "r")[0] > 0 and s.stats.num_pause_preemptions == 0
+    now = 11.0
+    while s.has_unfinished():
+        s.ack("r", 1, now)
+        step(s, now)
+        now += 1.0
+    assert r.finish_reason is FinishReason.LENGTH and s.stats.num_recomputed_tokens == 0
+
+
+def test_a_client_that_fell_behind_resumes_only_with_half_its_credits_free() -> None:
+    """Hysteresis: with 4 credits a paused request resumes when 2 are free, not at the first read."""
+    s = ContinuousScheduler(config(output_credits=4))
+    r = add(s, "r", 0.0, 2, 10)
+    for t in range(5):
+        step(s, float(t))
+    assert r.num_output_tokens == 4 and r.paused_since is not None
+    s.ack("r", 1, 5.0)  # one credit free: still paused, not scheduled
+    assert r.paused_since is not None and step(s, 5.0).is_empty
+    s.ack("r", 1, 6.0)  # two free: it resumes
+    assert r.paused_since is None and s.stats.paused_time == 2.0
+    assert [c.request_id for c in step(s, 6.0).chunks] == ["r"]
 
 
 def test_a_pause_preemption_by_swap_keeps_a_reserved_request_whole() -> None:
@@ -293,12 +331,14 @@ def test_a_pause_preemption_by_swap_keeps_a_reserved_request_whole() -> None:
     step(s, 0.0)
     assert held_device_host(s, "r") == (5, 0)  # the whole reservation: 2 prompt + 3 output tokens
     step(s, 1.0)  # paused: its client has not read its token
+    add(s, "w", 1.5, 6, 2)  # 8 blocks reserved: it waits for r's memory
     out = step(s, 2.0)
     assert out.preempted_ids == ("r",) and s.stats.num_pause_preemptions == 1
     assert held_device_host(s, "r")[0] == 0 and r.status is RequestStatus.PREEMPTED
     s.ack("r", 1, 3.0)
     now = 3.0
     while s.has_unfinished():  # check_invariants after every step: a running reserved request holds 5
+        s.ack("w", 1, now)
         s.ack("r", 1, now)
         step(s, now)
         now += 1.0

@@ -230,3 +230,21 @@ def test_quota_skip_does_not_block_under_strict_order() -> None:
     admit(s, "c0", 1.0, 1, 5, tenant="c")
     out = step(s, 1.0)
     assert scheduled_ids(out) == ["a0", "b0", "c0"]
+
+
+def test_tenant_kv_quota_holds_as_requests_grow() -> None:
+    """The quota is checked as running requests grow, not only at admission: two requests of
+    tenant a (3 blocks each at full length, quota 4) are both admitted on their 1-block prompts;
+    when their growth would take a past 4 blocks, a's newest request yields (preempted, then
+    readmitted when a has room), and both finish. It used to hold 6."""
+    config = SchedulerConfig(max_num_batched_tokens=64, kv=kv(64, 4), tenants=TenantConfig(max_kv_blocks=4))
+    s = ContinuousScheduler(config)
+    a0 = admit(s, "a0", 0.0, 4, 8, tenant="a")
+    a1 = admit(s, "a1", 0.0, 4, 8, tenant="a")
+    now, peak = 0.0, 0
+    while s.has_unfinished():
+        step(s, now)
+        peak = max(peak, sum(held(s, r.request_id) for r in s.running if r.tenant == "a"))
+        now += 1.0
+    assert peak == 4 and s.stats.num_preemptions >= 1 and a1.num_preemptions >= 1
+    assert a0.finish_reason is a1.finish_reason is FinishReason.LENGTH

@@ -29,10 +29,15 @@ def test_a_stalled_sse_reader_pauses_its_request_at_its_credits() -> None:
         assert (await stream.first()).queued
         writer = _sse(stream, ResponseMeta("r", 0, MODEL, False), parsed, ServerConfig())
         chunks = [await anext(writer) for _ in range(3)]  # the reader takes three chunks, then stalls
-        await asyncio.sleep(0.3)  # ~200 steps' worth of time
+        # the server runs on to the reader's credits and pauses: waited for, not assumed done after
+        # a fixed sleep (a loaded machine may run the driver's thread late)
+        deadline = time.monotonic() + 30
+        while not client.snapshot().num_paused:
+            assert time.monotonic() < deadline, "the request never paused"
+            await asyncio.sleep(0.01)
         request = client.driver.scheduler.requests["r"]
         stalled_at, paused = request.num_output_tokens, client.snapshot().num_paused
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # ~300 steps' worth of time, paused
         still = request.num_output_tokens
         chunks += [chunk async for chunk in writer]  # reads again: resumes to the end
         return stalled_at, still, paused, chunks

@@ -63,7 +63,9 @@ def test_ttft_timeout_is_a_504_or_an_error_chunk(make_server: Any) -> None:
     server: RunningServer = make_server(
         cost="affine:base_ms=20", overrides={"max_num_seqs": 1, "lifecycle": {"ttft_timeout": 0.1}}
     )
-    hog = {"model": MODEL, "prompt": "a", "max_tokens": 80, "ignore_eos": True}  # holds the only slot ~1.6 s
+    # holds the only slot (>= 100 s of 20 ms steps, however slowly a loaded machine runs the two requests
+    # below); shut down at the end
+    hog = {"model": MODEL, "prompt": "a", "max_tokens": 5000, "ignore_eos": True}
     thread = threading.Thread(target=server.post, args=("/v1/completions",), kwargs={"json": hog})
     thread.start()
     try:
@@ -75,13 +77,14 @@ def test_ttft_timeout_is_a_504_or_an_error_chunk(make_server: Any) -> None:
         assert status == 200 and events[-1] == "[DONE]"
         assert events[-2]["error"]["type"] == "timeout_error"
     finally:
+        server.client.shutdown(0.1)  # cancels the hog
         thread.join()
 
 
 def server_wait_running(server: RunningServer) -> None:
     import time
 
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while server.client.snapshot().num_running == 0:
         assert time.monotonic() < deadline
         time.sleep(0.005)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, event, given, settings
@@ -175,6 +176,12 @@ class Watch:
 
     def __call__(self, s: SchedulerBase, out: SchedulerOutput, now: float) -> None:
         check_invariants(s)
+        quota = s.config.tenants.max_kv_blocks
+        if quota is not None and s.memory is not None:  # the quota holds as requests grow, not only at admission
+            held = Counter[str | None]()
+            for r in s.running:
+                held[r.tenant] += s.memory.kv.num_held_blocks(r.request_id)
+            assert all(n <= quota for n in held.values()), (now, dict(held), quota)
         self.num_steps += 1
         assert self.num_steps < 5_000, "no end in sight"
         for r in s.requests.values():
@@ -214,13 +221,13 @@ def check_end(s: SchedulerBase, trace: Trace, watch: Watch) -> None:
 
 
 def over_tenant_quota(config: SchedulerConfig, spec: TraceRequest) -> bool:
-    """Whether the request's prompt alone needs more KV blocks than its tenant may hold (while it
-    fits the pool): it can never be admitted, so it must be rejected at once."""
+    """Whether the request at its full length needs more KV blocks than its tenant may hold (while
+    it fits the pool): it could never finish, so it must be rejected at once."""
     kv, quota = config.kv, config.tenants.max_kv_blocks
     if kv is None or quota is None:
         return False
-    fits_pool = -(-(spec.num_prompt_tokens + spec.output_limit) // kv.block_size) <= kv.num_blocks
-    return fits_pool and -(-spec.num_prompt_tokens // kv.block_size) > quota
+    need = -(-(spec.num_prompt_tokens + spec.output_limit) // kv.block_size)
+    return need <= kv.num_blocks and need > quota
 
 
 def check_reason(config: SchedulerConfig, spec: TraceRequest, r: Request, watch: Watch) -> None:

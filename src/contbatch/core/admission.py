@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 
 from contbatch.core.base import SchedulerBase
-from contbatch.core.lifecycle import credit_room
+from contbatch.core.lifecycle import credit_room, may_run
 from contbatch.core.outputs import ScheduledChunk
 from contbatch.core.plan import plan_chunk
 from contbatch.core.request import Request
@@ -32,7 +32,7 @@ class Admission(SchedulerBase):
         spec = config.num_speculative_tokens
         room = credit_room(request, config.lifecycle)
         if room is not None:
-            if room <= 0:
+            if not may_run(request, config.lifecycle):
                 return None
             spec = min(spec, room - 1)  # a step must not overrun the client's credits
         return plan_chunk(
@@ -71,7 +71,7 @@ class Admission(SchedulerBase):
         for request in self.waiting.candidates(now):
             if step.budget.exhausted:
                 break
-            if (quota is not None and quota.is_full(request)) or credit_room(request, self.config.lifecycle) == 0:
+            if (quota is not None and quota.is_full(request)) or not may_run(request, self.config.lifecycle):
                 continue  # waits without blocking other tenants / other clients
             if self._admit_one(request, step, now, len(admitted)):
                 admitted.append(request)
@@ -196,7 +196,8 @@ class _TenantQuota:
             return True
         if cfg.max_kv_blocks is None or self.memory is None:
             return False
-        need = self.memory.kv.num_blocks_for(request.num_prompt_tokens)
+        # a request preempted before needs room for all it knew (the memory's thrash guard)
+        need = self.memory.kv.num_blocks_for(max(request.num_prompt_tokens, request.num_known_tokens))
         return self.blocks[request.tenant] + need > cfg.max_kv_blocks
 
     def add(self, request: Request) -> None:

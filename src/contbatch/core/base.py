@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
 from contbatch.core.config import SchedulerConfig
-from contbatch.core.lifecycle import next_timer, timeout_reason
+from contbatch.core.lifecycle import may_run, next_timer, timeout_reason
 from contbatch.core.memory import Memory
 from contbatch.core.outputs import AddDecision, ScheduledChunk, SchedulerOutput, StepResult
 from contbatch.core.queue import make_queue
@@ -194,9 +194,12 @@ class SchedulerBase(ABC):
             if reason:
                 return "kv_capacity", reason
             quota = self.config.tenants.max_kv_blocks
-            need = self.memory.kv.num_blocks_for(request.num_prompt_tokens)
+            need = self.memory.kv.num_blocks_for(request.num_prompt_tokens + request.max_output_tokens)
             if quota is not None and need > quota:
-                return "tenant_quota", f"its prompt needs {need} KV blocks, over its tenant's quota of {quota}"
+                return "tenant_quota", (
+                    f"it needs {need} KV blocks at its full length ({request.num_prompt_tokens} prompt + "
+                    f"{request.max_output_tokens} output tokens), over its tenant's quota of {quota}"
+                )
         return "", ""
 
     def cancel(
@@ -217,14 +220,18 @@ class SchedulerBase(ABC):
 
     def ack(self, request_id: str, num_tokens: int, now: float) -> None:
         """The client took `num_tokens` more output tokens of `request_id` (streaming credits);
-        a paused request with room again resumes. Unknown or finished requests are ignored."""
+        a paused request resumes once half its credits are free again (`lifecycle.may_run`); a
+        read short of that restarts its pause (`max_pause` counts from the client's last read).
+        Unknown or finished requests are ignored."""
         request = self.requests.get(request_id)
         if request is None:
             return
         request.num_sent_tokens = min(request.num_output_tokens, request.num_sent_tokens + num_tokens)
-        credits = self.config.lifecycle.output_credits
-        if credits is not None and request.num_unsent_tokens < credits:
+        if request.paused_since is not None and num_tokens > 0:
+            resumes = may_run(request, self.config.lifecycle)  # judged while paused: half its credits free
             self.stats.paused_time += request.resume(now)
+            if not resumes:
+                request.pause(now)  # still behind: paused on, its pause clock restarted by the read
 
     def expire_timeouts(self, now: float) -> None:
         """End every request past its ttft or request timeout at `now` with TIMEOUT."""
@@ -239,9 +246,12 @@ class SchedulerBase(ABC):
     def next_timer(self) -> float | None:
         """The earliest time a timeout or a pause limit fires by itself (for an idle executor to
         wake up at); None when nothing is timed."""
-        if not self.config.lifecycle.has_timeouts:
+        lifecycle = self.config.lifecycle
+        if not lifecycle.has_timeouts:
             return None
-        return next_timer(self.requests.values(), self.config.lifecycle)
+        # a pause preemption needs someone waiting: until then it cannot fire
+        pauses = lifecycle.pause_action != "preempt" or bool(self.waiting)
+        return next_timer(self.requests.values(), lifecycle, pauses=pauses)
 
     def _finish(self, request: Request, reason: FinishReason, now: float, detail: str = "") -> None:
         request.finish(reason, now, detail)

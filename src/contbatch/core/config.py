@@ -99,7 +99,7 @@ class KVConfig:
 class TenantConfig:
     weights: tuple[tuple[str, float], ...] = ()  # (tenant, weight) for `fair`; others weigh 1
     max_running: int | None = None  # running requests per tenant at most
-    max_kv_blocks: int | None = None  # KV blocks a tenant's running requests may hold at admission
+    max_kv_blocks: int | None = None  # KV blocks a tenant's running requests may hold (admission and growth)
 
     def __post_init__(self) -> None:
         raw: Any = self.weights

@@ -10,8 +10,8 @@ and a few state changes; `FastForward` is that API, and the rules it answers are
 scheduler's own (`plan_chunk`, `Memory.shortfall`, the seat limit), never restated.
 
 `ContinuousScheduler.fast_forward()` gives one only when such steps are possible: engine
-semantics, no speculative decoding, output credits, timeouts, prefix caching or estimate
-admission, nothing waiting, and every running request steadily decoding and holding no more
+semantics, no speculative decoding, output credits, timeouts, tenant KV quotas, prefix caching or
+estimate admission, nothing waiting, and every running request steadily decoding and holding no more
 blocks than its next token needs. Arrivals may be admitted inside only without tenant quotas,
 fair-share accounting or a waiting-queue bound (`admits_arrivals`).
 
@@ -44,6 +44,7 @@ def may_fast_forward(s: ContinuousScheduler) -> bool:
         or cfg.num_speculative_tokens
         or cfg.lifecycle.output_credits is not None
         or cfg.lifecycle.has_timeouts
+        or cfg.tenants.max_kv_blocks is not None  # growth is checked against the tenant's quota
         or len(s.running) > cfg.max_num_batched_tokens
         or (memory is not None and (memory.config.enable_prefix_caching or memory.config.admission == "estimate"))
     )

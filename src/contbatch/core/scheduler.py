@@ -130,7 +130,7 @@ class ContinuousScheduler(Admission):
         if self.config.lifecycle.pause_action == "cancel":
             detail = f"the client read nothing for {limit:g} (max_pause)"
             self.cancel(request.request_id, now, FinishReason.TIMEOUT, detail=detail)
-        else:
+        elif self.waiting:  # someone waits for its seat or its memory; else it keeps both
             self._preempt(request, step, now)
             self.stats.num_pause_preemptions += 1
 
@@ -186,17 +186,36 @@ class ContinuousScheduler(Admission):
                 self.memory.roll_back(request, end)
 
     def _reserve_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder, now: float) -> bool:
-        """Blocks for `chunk`, preempting victims while the pool is short; False when the request
-        itself had to yield."""
+        """Blocks for `chunk`, preempting victims while its tenant is at its KV quota (victims of
+        that tenant) or the pool is short; False when the request itself had to yield."""
         memory = self.memory
         if memory is None:
             return True
         end = chunk.start + chunk.num_new_tokens
+        quota = self.config.tenants.max_kv_blocks
+        while quota is not None and self._tenant_blocks(request.tenant) + memory.kv.blocks_needed(
+            request.request_id, end
+        ) > quota:
+            if self._yield_to(request, [r for r in self.running if r.tenant == request.tenant], step, now):
+                return False
         while not memory.grow(request, end):
-            candidates = [r for r in self.running if r.request_id not in step.admitted_ids]
-            victim = choose_victim(candidates, memory.config.victim, memory.config.max_preemptions)
-            self._preempt(victim, step, now)
-            step.grew_by_preempting = True
-            if victim is request:
+            if self._yield_to(request, self.running, step, now):
                 return False
         return True
+
+    def _tenant_blocks(self, tenant: str | None) -> int:
+        assert self.memory is not None
+        kv = self.memory.kv
+        return sum(kv.num_held_blocks(r.request_id) for r in self.running if r.tenant == tenant)
+
+    def _yield_to(self, request: Request, among: list[Request], step: StepBuilder, now: float) -> bool:
+        """Preempt a victim among `among` (a paused one first: its client is not reading, it would
+        not use the memory) so that `request` can grow; True when the victim is `request` itself."""
+        assert self.memory is not None
+        config = self.memory.config
+        candidates = [r for r in among if r.request_id not in step.admitted_ids]
+        candidates = [r for r in candidates if r.paused_since is not None] or candidates
+        victim = choose_victim(candidates, config.victim, config.max_preemptions)
+        self._preempt(victim, step, now)
+        step.grew_by_preempting = True
+        return victim is request
