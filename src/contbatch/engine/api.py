@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard, cast
 
 from contbatch.core import FinishReason, Timeline
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
@@ -38,7 +39,11 @@ class LLM:
         prompts: str | list[int] | Sequence[str | list[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
-        batch = [prompts] if isinstance(prompts, str) or _is_token_list(prompts) else list(prompts)
+        batch: list[str | list[int]]
+        if isinstance(prompts, str) or _is_token_list(prompts):
+            batch = [prompts]  # one prompt: text, or a list of token ids
+        else:
+            batch = list(cast("Sequence[str | list[int]]", prompts))  # several prompts
         per_prompt = _params_for(batch, params)
         requests = [self.engine.add_request(p, sp) for p, sp in zip(batch, per_prompt, strict=True)]
         texts = {r.request_id: "" for r in requests}
@@ -67,7 +72,7 @@ def _with_model(config: EngineConfig, model: str) -> EngineConfig:
     return dataclasses.replace(config, model=model)
 
 
-def _is_token_list(value: object) -> bool:
+def _is_token_list(value: object) -> TypeGuard[list[int]]:
     return isinstance(value, list) and bool(value) and all(isinstance(t, int) for t in value)
 
 

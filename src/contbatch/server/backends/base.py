@@ -29,12 +29,23 @@ class ChatMessage:
 
 
 class Backend(Protocol):
-    name: str  # "sim", "engine"
-    model_name: str  # the id /v1/models lists and requests must name
-    config: SchedulerConfig  # the scheduler config it runs with
-    executor: Executor
-    decoder: Decoder
-    vocab_size: int | None  # token ids of a prompt given as ids must be below it
+    @property
+    def name(self) -> str: ...  # "sim", "engine"
+
+    @property
+    def model_name(self) -> str: ...  # the id /v1/models lists and requests must name
+
+    @property
+    def config(self) -> SchedulerConfig: ...  # the scheduler config it runs with
+
+    @property
+    def executor(self) -> Executor: ...
+
+    @property
+    def decoder(self) -> Decoder: ...
+
+    @property
+    def vocab_size(self) -> int | None: ...  # token ids of a prompt given as ids must be below it
 
     def tokenize(self, text: str) -> tuple[int, ...]: ...
 
