@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from contbatch.core.config import SchedulerConfig
 from contbatch.core.lifecycle import may_run, next_timer, timeout_reason
 from contbatch.core.memory import Memory
-from contbatch.core.outputs import AddDecision, ScheduledChunk, SchedulerOutput, StepResult
+from contbatch.core.outputs import QUEUED, AddDecision, ScheduledChunk, SchedulerOutput, StepResult
 from contbatch.core.queue import make_queue
 from contbatch.core.request import Request
 from contbatch.core.stats import SchedulerStats
@@ -143,9 +143,9 @@ class SchedulerBase(ABC):
         if reason:
             self.stats.reject(kind)
             self._finish(request, FinishReason.REJECTED, now, reason)
-            return AddDecision(rid, False, kind, reason)
+            return AddDecision(False, kind, reason)
         self.waiting.push(request)
-        return AddDecision(rid, True)
+        return QUEUED
 
     def unfinished_requests(self) -> Iterable[Request]:
         """The unfinished requests (a live view: do not finish requests while iterating it)."""

@@ -23,6 +23,7 @@ scheduler exactly as the same steps taken one by one would have.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -70,59 +71,64 @@ class FastForward:
             and s.config.lifecycle.max_waiting is None
         )
         self.max_num_batched_tokens = s.config.max_num_batched_tokens
+        self.bucket_padding = s.bucket_padding_for  # tokens padding a step of n tokens to its bucket
+        self._charges = s.waiting.charges_service
+        self._kv = memory.kv if memory is not None else None
+        self._memory = memory
+        self._seats = s._max_seqs
+        cfg = s.config
+        # a fresh request's first chunk, planned as admission plans it (`Admission._plan`: no
+        # speculative tokens or output credits here)
+        self._plan = functools.partial(
+            plan_chunk,
+            sample_on_prefill=cfg.sample_on_prefill,
+            allow_split=cfg.chunked_prefill,
+            max_prefill_tokens=cfg.max_prefill_tokens_per_request,
+        )
 
     # -- what the caller reads -----------------------------------------------------------------
     def num_free_blocks(self) -> int:
-        memory = self._s.memory
-        return memory.kv.num_free_blocks if memory is not None else 0
+        return self._kv.num_free_blocks if self._kv is not None else 0
 
     def waiting(self, now: float) -> list[Request]:
         """The waiting requests in the order the queue offers them at `now`."""
         return list(self._s.waiting.candidates(now))
-
-    def bucket_padding(self, num_tokens: int) -> int:
-        return self._s.bucket_padding_for(num_tokens)
 
     def first_blocks(self, request: Request) -> int:
         """Blocks a new request's first allocation takes when it is admitted with its whole prompt."""
         memory = self._s.memory
         return memory.kv.num_blocks_for(memory.first_hold(request, request.num_prompt_tokens)) if memory else 0
 
-    def fits_whole(self, request: Request, *, num_running: int, budget: int, free_blocks: int, alone: bool) -> bool:
-        """Whether admission would take waiting `request` now with its whole prompt: a seat with
-        `num_running` running, its prompt in `budget` tokens as one chunk, its first blocks out
-        of `free_blocks` above the watermark (no watermark when it would run `alone`)."""
-        s = self._s
-        cfg = s.config
-        if num_running >= s._max_seqs:
-            return False
-        chunk = plan_chunk(
-            request,
-            budget,
-            sample_on_prefill=cfg.sample_on_prefill,
-            allow_split=cfg.chunked_prefill,
-            max_prefill_tokens=cfg.max_prefill_tokens_per_request,
-        )
-        if chunk is None or chunk.num_new_tokens != request.num_prompt_tokens:
-            return False
-        memory = s.memory
-        if memory is None:
-            return True
-        extra = free_blocks - memory.kv.num_free_blocks
-        return memory.shortfall(request, request.num_prompt_tokens, alone=alone, extra_free=extra) == 0
+    def fits_whole(
+        self, request: Request, *, num_running: int, budget: int, free_blocks: int, alone: bool
+    ) -> int | None:
+        """The blocks admission would take for waiting `request` now with its whole prompt (a
+        seat with `num_running` running, its prompt in `budget` tokens as one chunk, its first
+        blocks out of `free_blocks` above the watermark, none when it would run `alone`); None
+        when it would not be admitted so."""
+        if num_running >= self._seats:
+            return None
+        prompt = request.num_prompt_tokens
+        chunk = self._plan(request, budget)
+        if chunk is None or chunk.num_new_tokens != prompt:
+            return None
+        memory, kv = self._memory, self._kv
+        if memory is None or kv is None:
+            return 0
+        if memory.shortfall(request, prompt, alone=alone, extra_free=free_blocks - kv.num_free_blocks):
+            return None
+        return kv.num_blocks_for(memory.first_hold(request, prompt))
 
     # -- what the caller changes ---------------------------------------------------------------
-    def admit(self, request: Request, now: float) -> int:
-        """Admit waiting `request` at `now` without taking its blocks; returns the blocks it is
-        owed (its first allocation, taken by `take_blocks`). Its `kv_capacity` says what it
-        will hold."""
+    def admit(self, request: Request, now: float, blocks: int) -> None:
+        """Admit waiting `request` at `now` without taking its blocks: it is owed `blocks` (its
+        first allocation, from `fits_whole`; taken by `take_blocks`), which its `kv_capacity`
+        says it will hold."""
         s = self._s
         s.waiting.admitted(request)
         s.waiting.remove((request,))
         request.admit(now)
-        blocks = self.first_blocks(request)
         request.kv_capacity = blocks * self.block_size
-        return blocks
 
     def emit(self, request: Request, ts: list[float], num_computed_tokens: int) -> None:
         """`request` decoded one (dummy) token at each of `ts` and now has `num_computed_tokens`
@@ -131,12 +137,14 @@ class FastForward:
         request.num_output_tokens += len(ts)
         request.num_computed_tokens = num_computed_tokens
         request.timeline.record_token_run(ts)
-        if self._s.waiting.charges_service:
+        if self._charges:
             self._s.waiting.charge(request, len(ts))
 
-    def finish(self, request: Request, reason: FinishReason, now: float) -> None:
-        """End a running request (its blocks, those it really holds, are freed)."""
+    def finish(self, request: Request, reason: FinishReason, now: float) -> int:
+        """End a running request (its blocks, those it really holds, are freed); the pool's free
+        blocks after."""
         self._s._finish(request, reason, now)
+        return self.num_free_blocks()
 
     def take_blocks(self, request: Request, *, held_before: bool) -> bool:
         """Give a request still running the blocks it is owed: its growth (`held_before`: it held

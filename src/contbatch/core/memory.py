@@ -114,7 +114,9 @@ class Memory:
             hold = self.first_hold(request, end)
             # thrash guard: a request preempted before comes back only when all it knew fits again
             room = max(hold, request.num_known_tokens) if request.num_preemptions else hold
-            need = max(kv.num_blocks_for(room) - kv.match_prefix(request.block_hashes), 0)
+            need = -(-room // kv.block_size)
+            if request.block_hashes and kv.enable_prefix_caching:
+                need = max(need - kv.match_prefix(request.block_hashes), 0)
             if self.config.admission == "estimate" and not alone:
                 need += self._expected_growth(request)
             margin = 0 if alone else self.watermark_blocks + self._future_blocks

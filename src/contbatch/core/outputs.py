@@ -35,13 +35,15 @@ class AddDecision:
     """What `add_request` did: queued (it waits for a step to admit it) or rejected at once.
     Admission into the running set happens only inside `schedule`. Truthy when queued."""
 
-    request_id: str
     queued: bool
     reject_kind: str = ""  # rejected only: max_model_len, kv_capacity, token_budget, tenant_quota, queue_full
     reason: str = ""  # rejected only: why, in words
 
     def __bool__(self) -> bool:
         return self.queued
+
+
+QUEUED = AddDecision(queued=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,30 +35,26 @@ class Clock(Protocol):
 
 
 class VirtualClock:
-    """Simulated time, in the pricer's unit (`time_unit`)."""
+    """Simulated time, in the pricer's unit (`time_unit`). `ts` is the time now (read it; move it
+    only through the methods)."""
 
-    __slots__ = ("_now", "pricer", "time_unit")
+    __slots__ = ("pricer", "time_unit", "ts")
 
     def __init__(self, pricer: StepPricer, start: float = 0.0) -> None:
         self.pricer = pricer
         self.time_unit = pricer.time_unit
-        self._now = start
+        self.ts = start
 
     def now(self) -> float:
-        return self._now
+        return self.ts
 
     def step_end(self, out: SchedulerOutput, start: float) -> float:
-        self._now = end = start + self.pricer.step_time(out)
+        self.ts = end = start + self.pricer.step_time(out)
         return end
 
     def advance_to(self, ts: float) -> None:
-        """Idle until `ts` (no-op when `ts` is not in the future)."""
-        self._now = max(self._now, ts)
-
-    def advance_by(self, duration: float) -> float:
-        """A step priced elsewhere took `duration` (the simulator's decode runs); the new time."""
-        self._now += duration
-        return self._now
+        """Idle until `ts`, or a step priced elsewhere ended then (no-op unless in the future)."""
+        self.ts = max(self.ts, ts)
 
 
 class WallClock:

@@ -188,13 +188,14 @@ class DecodeRun:
         n = self.num_decoding
         growth = self.phase[i % self.block_size] if self.tracks_growth else 0
         waiting = self.ff.waiting(now)
-        if not waiting or not self._admissible(waiting, n, self._pool_free - self.owed - growth):
+        owed = self._admissible(waiting, n, self._pool_free - self.owed - growth) if waiting else None
+        if owed is None:
             return None
         self.owed += growth
-        for request in waiting:
-            blocks = self.ff.admit(request, now)
+        for request, blocks in zip(waiting, owed, strict=True):
+            self.ff.admit(request, now, blocks)
             self.owed += blocks
-            self._admitted_owed.append(blocks)
+        self._admitted_owed = owed
         prefill = sum(r.num_prompt_tokens for r in waiting)
         padding = self.ff.bucket_padding(n + prefill)
         self._pending = (waiting, padding)
@@ -213,19 +214,23 @@ class DecodeRun:
         )
         return shape, self._num_blocks - self._pool_free + self.owed
 
-    def _admissible(self, waiting: list[Request], n: int, free: int) -> bool:
-        """Whether all of `waiting` fit this step at once, each with its whole prompt (a seat,
-        the budget, their blocks), asked of the scheduler's own rules one after the other."""
+    def _admissible(self, waiting: list[Request], n: int, free: int) -> list[int] | None:
+        """The blocks each of `waiting` takes when all of them fit this step at once, each with its
+        whole prompt (a seat, the budget, their blocks), asked of the scheduler's own rules one
+        after the other; None when one does not."""
         ff = self.ff
         running, budget = self.num_alive, ff.max_num_batched_tokens - n
+        owed: list[int] = []
         for k, request in enumerate(waiting):
             alone = n == 0 and k == 0  # nothing else runs: no watermark
-            if not ff.fits_whole(request, num_running=running, budget=budget, free_blocks=free, alone=alone):
-                return False
-            free -= ff.first_blocks(request)
+            blocks = ff.fits_whole(request, num_running=running, budget=budget, free_blocks=free, alone=alone)
+            if blocks is None:
+                return None
+            owed.append(blocks)
+            free -= blocks
             running += 1
             budget -= request.num_prompt_tokens
-        return True
+        return owed
 
     def commit(self, end_ts: float) -> None:
         """Take the step planned by the last `admit_step`, ending at `end_ts`."""
@@ -237,7 +242,7 @@ class DecodeRun:
         self.num_padding_tokens += padding
         for request, owed in zip(admitted, self._admitted_owed, strict=True):
             self._join(request, i, request.num_prompt_tokens - 1, 0, owed)
-        self._admitted_owed.clear()
+        self._admitted_owed = []
         self._finish_due(i)
 
     def _finish_due(self, step: int) -> None:
@@ -253,8 +258,7 @@ class DecodeRun:
         m.done = True
         self.num_alive -= 1
         reason = FinishReason.STOP if m.stops else FinishReason.LENGTH
-        self.ff.finish(m.request, reason, self.step_ts[m.last])  # frees the blocks it really holds
-        self._pool_free = self.ff.num_free_blocks()
+        self._pool_free = self.ff.finish(m.request, reason, self.step_ts[m.last])  # frees what it really holds
 
     def _materialize(self, m: _Member, num_steps: int) -> None:
         """Bring the member's request up to date after `num_steps` run steps: tokens, computed

@@ -130,30 +130,25 @@ class Arrivals:
         self.folder = folder
         self.made = [make_request(spec, block_size) for spec in pending] if folder is None else []
         self.num_added = 0
-        self._due: list[Request] = []  # streaming: made, not added yet
 
     def next_ts(self) -> float | None:
         return self.pending[self.num_added].arrival_ts if self.num_added < len(self.pending) else None
 
     def hand_over(self, core: EngineCore, now: float) -> None:
         """Add the requests due by `now` to the loop, in arrival order."""
-        due = self._due_by(now)
-        for request in due:
-            core.add_request(request)
-        self.num_added += len(due)
-        if self.folder is not None:
-            del self._due[: len(due)]
-
-    def _due_by(self, now: float) -> list[Request]:
         pending, k = self.pending, self.num_added
         end = k
         while end < len(pending) and pending[end].arrival_ts <= now:
             end += 1
+        if end == k:
+            return
         if self.folder is None:
-            return self.made[k:end]
-        while len(self._due) < end - k:
-            self._due.append(self.folder.create(pending[k + len(self._due)], self.block_size))
-        return self._due[: end - k]
+            due = self.made[k:end]
+        else:
+            due = [self.folder.create(spec, self.block_size) for spec in pending[k:end]]
+        for request in due:
+            core.add_request(request, at=now)
+        self.num_added = end
 
 
 def simulate(

@@ -93,7 +93,7 @@ class SkipAhead:
             pass
         run.close()
         if inspect is not None and driver.taken:
-            inspect(scheduler, driver.last_shape(), self.clock.now())
+            inspect(scheduler, driver.last_shape(), self.clock.ts)
 
 
 class _RunDriver:
@@ -121,14 +121,14 @@ class _RunDriver:
 
     def advance(self) -> bool:
         """Take the next step(s); False when the run must end."""
-        if self.next_arrival is not None and self.clock.now() >= self.next_arrival:
+        if self.next_arrival is not None and self.clock.ts >= self.next_arrival:
             return self._arrival_step()
         return self._segment()
 
     def _arrival_step(self) -> bool:
         if not self.run.admits_arrivals:
             return False
-        start = self.clock.now()
+        start = self.clock.ts
         self.arrivals.hand_over(self.core, start)  # as the loop would (rejections happen here)
         self.next_arrival = self.arrivals.next_ts()
         planned = self.run.admit_step(start)
@@ -137,7 +137,8 @@ class _RunDriver:
         shape, used = planned
         self.last = shape
         self.duration = self.clock.pricer.step_time(shape)
-        end = self.clock.advance_by(self.duration)
+        end = start + self.duration
+        self.clock.advance_to(end)
         kv_usage = used / self.total_blocks
         self.core.totals.add_step(end - start, shape.num_padding_tokens, kv_usage)  # as stepping counts it
         if self.observed:
@@ -148,35 +149,46 @@ class _RunDriver:
 
     def _segment(self) -> bool:
         limit = RUN_STEPS - self.taken
-        segment = self.run.decode_segment(_segment_steps(self.next_arrival, self.clock.now(), self.duration, limit))
+        segment = self.run.decode_segment(_segment_steps(self.next_arrival, self.clock.ts, self.duration, limit))
         if segment is None:
             return False
         n, context, padding = segment.num_decodes, segment.first_context, segment.num_padding
         price = self.pricers.for_decodes(n, padding)
-        clock, next_arrival, cancel_ts, totals = self.clock, self.next_arrival, self.cancel_ts, self.core.totals
+        next_arrival, cancel_ts, total_blocks = self.next_arrival, self.cancel_ts, self.total_blocks
         first_id = self.run.first_step_id + self.taken
-        total_blocks = self.total_blocks
+        # the totals are summed step by step, in the order stepping sums them (equal floats)
+        totals = self.core.totals
+        busy, area, kv_max = totals.busy_time, totals.kv_area, totals.kv_max
+        now = self.clock.ts
         ends: list[float] = []
+        cancelled, observed, last_duration = False, self.observed, self.duration
         for used in segment.blocks_in_use:
-            now = clock.now()
             if next_arrival is not None and now >= next_arrival:
                 break
             duration = price(first_id + len(ends), context)
             if cancel_ts is not None and now + duration >= cancel_ts:
-                self.run.commit_segment(segment, ends)
-                self.taken += len(ends)
-                return False
-            end = clock.advance_by(duration)
-            totals.add_step(end - now, padding, used / total_blocks)  # as stepping counts it
-            if self.observed:
+                cancelled = True  # that step's results must see the cancellation: not the run's
+                break
+            end = now + duration
+            took, usage = end - now, used / total_blocks
+            busy += took
+            area += usage * took
+            kv_max = max(kv_max, usage)
+            if observed:
                 shape = decode_shape(first_id + len(ends), n, context, padding)
-                self.core.observe(StepRecord(shape, now, end, used / total_blocks, n))
+                self.core.observe(StepRecord(shape, now, end, usage, n))
             ends.append(end)
-            self.duration, self.last = duration, (n, context, padding)
+            now, last_duration = end, duration
             context += n
+        if ends:
+            self.duration, self.last = last_duration, (n, context - n, padding)
+        self.clock.advance_to(now)
+        totals.busy_time, totals.kv_area, totals.kv_max = busy, area, kv_max
+        totals.num_steps += len(ends)
+        totals.num_padding_tokens += padding * len(ends)
         self.run.commit_segment(segment, ends)
         self.taken += len(ends)
-        return True
+        return not cancelled
 
 
 def _segment_steps(next_arrival: float | None, now: float, last_duration: float, limit: int) -> int:

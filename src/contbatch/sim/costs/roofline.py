@@ -76,12 +76,44 @@ class StepCost:
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.overhead_s + self.allreduce_s + self.alltoall_s + self.swap_s
+        return _total(
+            self.compute_s,
+            self.memory_s,
+            overhead_s=self.overhead_s,
+            allreduce_s=self.allreduce_s,
+            alltoall_s=self.alltoall_s,
+            swap_s=self.swap_s,
+        )
 
     @property
     def bound(self) -> str:
         """Which roof the step sits under: "compute" or "memory"."""
         return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def _total(
+    compute_s: float, memory_s: float, *, overhead_s: float, allreduce_s: float, alltoall_s: float, swap_s: float
+) -> float:
+    """A step's time from its terms: the one formula (`StepCost.total_s`, `RooflineCost.step_time`)."""
+    return max(compute_s, memory_s) + overhead_s + allreduce_s + alltoall_s + swap_s
+
+
+@dataclass(frozen=True, slots=True)
+class _Constants:
+    """The model's and device's figures a step's price reads, computed once per cost model (the
+    same integers and floats the properties give, so prices are unchanged to the last bit)."""
+
+    dense: int  # FLOPs factor: dense parameters per layer
+    layers: int
+    pair: int  # heads * head_dim, per (query, key) pair and layer
+    head: int  # hidden * vocab: the LM head per position
+    per_expert: int  # parameters per expert
+    params: float  # weights read per step, but the embedding lookup and the routed experts
+    bytes_per_value: float
+    kv_per_token: float  # KV bytes per position per device
+    flops_rate: float
+    byte_rate: float
+    overhead_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +136,25 @@ class RooflineCost:
     block_size: int = 16  # tokens per KV block, for the bytes of swapped blocks
     router: ExpertRouter = field(default_factory=ExpertRouter)  # MoE only
     stats: ExpertLoadStats = field(default_factory=ExpertLoadStats, compare=False, repr=False)
+    _c: _Constants = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        m, d = self.model, self.device
+        lookup = 0 if m.tie_word_embeddings else m.embedding_params
+        constants = _Constants(
+            dense=m.dense_params_per_layer,
+            layers=m.num_layers,
+            pair=m.num_heads * m.head_dim,
+            head=m.hidden_size * m.vocab_size,
+            per_expert=m.params_per_expert,
+            params=m.num_params - lookup - m.expert_params,
+            bytes_per_value=m.bytes_per_value,
+            kv_per_token=m.kv_bytes_per_token(self.num_devices),
+            flops_rate=d.effective_flops,
+            byte_rate=d.effective_bandwidth,
+            overhead_s=self.overhead_ms / 1000.0,
+        )
+        object.__setattr__(self, "_c", constants)
         owner = f"roofline {self.model.name}@{self.device.name}"
         check_int(owner, "num_devices", self.num_devices, minimum=1)
         check_int(owner, "expert_parallel", self.expert_parallel, minimum=1)
@@ -138,51 +187,62 @@ class RooflineCost:
         return "s"
 
     def step_time(self, out: SchedulerOutput) -> float:
-        cost = self.breakdown(out)
-        if self.model.is_moe and cost.flops > 0:
-            self.stats.record(out.step_id, cost.imbalance)
-        return cost.total_s
+        if self.model.is_moe:
+            cost = self.breakdown(out)
+            if cost.flops > 0:
+                self.stats.record(out.step_id, cost.imbalance)
+            return cost.total_s
+        work = self._work(out)
+        c = self._c
+        flops = self._flops(work) / self.num_devices
+        return _total(
+            flops / c.flops_rate,
+            self._bytes(out, work) / c.byte_rate,
+            overhead_s=c.overhead_s,
+            allreduce_s=self._allreduce_s(work.tokens),
+            alltoall_s=self._alltoall_s(work.tokens),
+            swap_s=self._swap_s(out),
+        )
 
     def decode_pricer(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float] | None:
         """`price(step_id, context)`: what `step_time` gives a step of `num_decodes` steady decodes
         attending to `context` positions, with `num_padding` padding tokens, computed with the
         same arithmetic in fewer operations (the simulator's decode runs call it per step).
         None for a mixture-of-experts model (its steps draw routes) or an empty step."""
-        m, n = self.model, self.num_devices
+        m, n, c = self.model, self.num_devices, self._c
         tokens = num_decodes + num_padding
         if m.is_moe or tokens == 0:
             return None
-        # each term as _work, _flops, _bytes and StepCost.total_s compute it (same operation order)
-        dense = 2.0 * tokens * m.num_layers * m.dense_params_per_layer
-        per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim
-        head = 2.0 * m.hidden_size * m.vocab_size * tokens
-        experts = 2.0 * m.num_layers * m.params_per_expert * 0
-        lookup = 0 if m.tie_word_embeddings else m.embedding_params
-        params = m.num_params - lookup - m.expert_params + m.num_layers * 0 * m.params_per_expert
-        weights = params * m.bytes_per_value / n
-        kv_per_token = m.kv_bytes_per_token(n)
-        flops_rate, byte_rate = self.device.effective_flops, self.device.effective_bandwidth
-        overhead, allreduce, alltoall = self.overhead_ms / 1000.0, self._allreduce_s(tokens), self._alltoall_s(tokens)
+        # each term as _work, _flops, _bytes and _total compute it (same operation order)
+        dense = 2.0 * tokens * c.layers * c.dense
+        per_pair = 4.0 * c.layers * c.pair
+        head = 2.0 * c.head * tokens
+        experts = 2.0 * c.layers * c.per_expert * 0
+        weights = (c.params + c.layers * 0 * c.per_expert) * c.bytes_per_value / n
+        kv_per_token = c.kv_per_token
+        flops_rate, byte_rate = c.flops_rate, c.byte_rate
+        overhead, allreduce, alltoall = c.overhead_s, self._allreduce_s(tokens), self._alltoall_s(tokens)
 
         def price(step_id: int, context: int) -> float:
             compute = (dense + per_pair * float(context) + head + experts) / n / flops_rate
             memory = (weights + (context + num_decodes) * kv_per_token) / byte_rate
-            return max(compute, memory) + overhead + allreduce + alltoall + 0.0
+            return _total(compute, memory, overhead_s=overhead, allreduce_s=allreduce, alltoall_s=alltoall, swap_s=0.0)
 
         return price
 
     def breakdown(self, out: SchedulerOutput) -> StepCost:
         """The step's roofline terms; pure (records nothing)."""
         work = self._work(out)
+        c = self._c
         flops = self._flops(work) / self.num_devices
         moved = self._bytes(out, work)
         return StepCost(
-            compute_s=flops / self.device.effective_flops,
-            memory_s=moved / self.device.effective_bandwidth,
-            overhead_s=self.overhead_ms / 1000.0,
+            compute_s=flops / c.flops_rate,
+            memory_s=moved / c.byte_rate,
+            overhead_s=c.overhead_s,
             allreduce_s=self._allreduce_s(work.tokens),
             alltoall_s=self._alltoall_s(work.tokens),
-            swap_s=self._swap_s(out.num_swapped_blocks),
+            swap_s=self._swap_s(out),
             flops=flops,
             bytes=moved,
             imbalance=work.imbalance,
@@ -222,21 +282,20 @@ class RooflineCost:
         return _Work(tokens, attended, logits, active * max(loads), active, ratio)
 
     def _flops(self, work: _Work) -> float:
-        m = self.model
-        dense = 2.0 * work.tokens * m.num_layers * m.dense_params_per_layer
-        attention = 4.0 * m.num_layers * m.num_heads * m.head_dim * work.attended
-        head = 2.0 * m.hidden_size * m.vocab_size * work.logits
-        experts = 2.0 * m.num_layers * m.params_per_expert * work.expert_slots
+        c = self._c
+        dense = 2.0 * work.tokens * c.layers * c.dense
+        attention = 4.0 * c.layers * c.pair * work.attended
+        head = 2.0 * c.head * work.logits
+        experts = 2.0 * c.layers * c.per_expert * work.expert_slots
         return dense + attention + head + experts
 
     def _bytes(self, out: SchedulerOutput, work: _Work) -> float:
-        m, n = self.model, self.num_devices
-        kv = (out.num_context_tokens + out.num_batched_tokens) * m.kv_bytes_per_token(n)
+        c = self._c
+        kv = (out.num_context_tokens + out.num_batched_tokens) * c.kv_per_token
         if work.tokens == 0:
             return kv
-        lookup = 0 if m.tie_word_embeddings else m.embedding_params
-        params = m.num_params - lookup - m.expert_params + m.num_layers * work.active_experts * m.params_per_expert
-        return params * m.bytes_per_value / n + kv
+        params = c.params + c.layers * work.active_experts * c.per_expert
+        return params * c.bytes_per_value / self.num_devices + kv
 
     def _link_bandwidth(self) -> float:
         return self.device.link_bandwidth * self.device.link_efficiency
@@ -260,10 +319,10 @@ class RooflineCost:
         one = sent / self._link_bandwidth() + self.device.link_latency_s
         return 2 * m.num_layers * one
 
-    def _swap_s(self, num_blocks: int) -> float:
-        if num_blocks == 0:
+    def _swap_s(self, out: SchedulerOutput) -> float:
+        if not out.swapped_out and not out.swapped_in:
             return 0.0
-        moved = num_blocks * self.block_size * self.model.kv_bytes_per_token(self.num_devices)
+        moved = out.num_swapped_blocks * self.block_size * self._c.kv_per_token
         return moved / (self.device.host_bandwidth * self.device.link_efficiency)
 
 
