@@ -94,7 +94,7 @@ class SchedulerOutput:
     swapped_in: tuple[tuple[str, tuple[int, ...]], ...] = ()
     num_requests: int = 0  # == len(chunks) + num_omitted_decodes
     # steady decodes (one token each, sampling) left out of `chunks` but counted in every total:
-    # a decode run's step shape (contbatch.core.span), priced without listing its requests
+    # a decode run's step shape (contbatch.sim.decode_run), priced without listing its requests
     num_omitted_decodes: int = 0
     new_requests: tuple[NewRequestData, ...] = ()  # requests the executor must start before this step
     block_deltas: tuple[BlockDelta, ...] = ()  # block tables changed since the previous output

@@ -1,6 +1,7 @@
 """`EngineClient`: the asynchronous interface the HTTP layer talks to, and its one implementation.
 
-The HTTP layer never sees the scheduler or the executor: it tokenizes through the client, hands
+The HTTP layer never sees the scheduler or the executor: it gets token ids through the client
+(the step loop's intake), hands
 it a `Submission` and reads a `RequestStream` (an async iterator of `RequestEvent`s). Streams
 acknowledge what their reader took (`ack`, which frees output credits) and can be aborted (the
 request is cancelled at the next step boundary, its KV freed then).
@@ -95,7 +96,10 @@ class EngineClient(Protocol):
 
     def now(self) -> float: ...  # the clock of arrival timestamps and events
 
-    def tokenize(self, text: str) -> tuple[int, ...]: ...
+    def prompt_ids(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
+        """Token ids of a prompt (text tokenized, ids checked); `IntakeError` when it has none or
+        holds an id outside the vocabulary."""
+        ...
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str: ...
 
@@ -141,8 +145,8 @@ class DriverClient:
     def now(self) -> float:
         return self.driver.now()
 
-    def tokenize(self, text: str) -> tuple[int, ...]:
-        return self.backend.tokenize(text)
+    def prompt_ids(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
+        return self.driver.intake.prompt_ids(prompt)
 
     def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
         return self.backend.chat_prompt(messages)

@@ -62,8 +62,14 @@ class Driver:
     ) -> None:
         self.backend = backend
         self.scheduler = make_scheduler(scheduler, backend.config)
-        kv = self.scheduler.config.kv
-        self.intake = Intake(hash_block_size=kv.block_size if kv is not None and kv.enable_prefix_caching else None)
+        config = self.scheduler.config
+        kv = config.kv
+        self.intake = Intake(  # thread-safe: the HTTP side tokenizes with it, the driver builds requests
+            encode=backend.tokenize,
+            vocab_size=backend.vocab_size,
+            max_model_len=config.max_model_len,
+            hash_block_size=kv.block_size if kv is not None and kv.enable_prefix_caching else None,
+        )
         self.core = EngineCore(self.scheduler, backend.executor, WallClock(clock), observers=observers)
         self._clock = clock
         self._cond = threading.Condition()

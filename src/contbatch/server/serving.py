@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from contbatch.loop.intake import IntakeError
 from contbatch.server.client import EngineClient, ModelInfo, RequestStream
 from contbatch.server.driver import DriverClosed
 from contbatch.server.formats import (
@@ -95,7 +96,7 @@ async def generate(request: Request, *, chat: bool) -> Response:
             param="model",
             code="model_not_found",
         )
-    prompt_ids = await _prompt_ids(client, parsed, info)
+    prompt_ids = await _prompt_ids(client, parsed)
     params = SamplingParams(
         max_tokens=_max_tokens(parsed, len(prompt_ids), info, config),
         temperature=parsed.temperature,
@@ -126,28 +127,21 @@ async def generate(request: Request, *, chat: bool) -> Response:
     return await _collect(request, stream, meta, config)
 
 
-async def _tokenize(client: EngineClient, text: str) -> tuple[int, ...]:
-    if len(text) < LONG_PROMPT_CHARS:
-        return client.tokenize(text)
-    return await asyncio.to_thread(client.tokenize, text)  # keep the event loop serving streams
-
-
-async def _prompt_ids(client: EngineClient, parsed: GenerationRequest, info: ModelInfo) -> tuple[int, ...]:
+async def _prompt_ids(client: EngineClient, parsed: GenerationRequest) -> tuple[int, ...]:
+    """The prompt's token ids, through the loop's intake (tokenization and checks); a long text is
+    tokenized on a worker thread, keeping the event loop serving streams."""
+    param = "messages" if parsed.chat else "prompt"
+    prompt: str | tuple[int, ...]
     if parsed.chat:
-        ids = await _tokenize(client, client.chat_prompt(parsed.messages))
-        param = "messages"
-    elif parsed.prompt_token_ids is not None:
-        ids = parsed.prompt_token_ids
-        param = "prompt"
-        vocab = info.vocab_size
-        if vocab is not None and max(ids) >= vocab:
-            raise bad(f"'prompt' holds token id {max(ids)}, beyond the vocabulary of {vocab} tokens", param)
+        prompt = client.chat_prompt(parsed.messages)
     else:
-        ids = await _tokenize(client, parsed.prompt or "")
-        param = "prompt"
-    if not ids:
-        raise bad(f"'{param}' is empty: it must hold at least one token", param)
-    return ids
+        prompt = parsed.prompt_token_ids if parsed.prompt_token_ids is not None else parsed.prompt or ""
+    try:
+        if isinstance(prompt, str) and len(prompt) >= LONG_PROMPT_CHARS:
+            return await asyncio.to_thread(client.prompt_ids, prompt)
+        return client.prompt_ids(prompt)
+    except IntakeError as exc:
+        raise bad(f"'{param}': {exc}", param) from None
 
 
 def _max_tokens(parsed: GenerationRequest, num_prompt: int, info: ModelInfo, config: ServerConfig) -> int:

@@ -33,7 +33,7 @@ class SimExecutor:
     @property
     def stop_after(self) -> MutableMapping[str, int]:
         """Tokens each early-stopping request will still get before its stop: the live
-        countdowns, which a decode run (`contbatch.core.span`) decrements for the tokens it
+        countdowns, which a decode run (`contbatch.sim.decode_run`) decrements for the tokens it
         emits without calling `execute`."""
         return self._remaining
 

@@ -329,7 +329,7 @@ class RooflineCost:
 def _attention_and_logits(out: SchedulerOutput) -> tuple[float, int]:
     """(query, key) pairs attention computes and positions the LM head computes.
 
-    Steady decodes a step shape leaves out of its chunks (a decode run's, `contbatch.core.span`)
+    Steady decodes a step shape leaves out of its chunks (a decode run's, `contbatch.sim.decode_run`)
     are priced from the totals: each attends to its context and samples one token, which is
     exact for them. A shape without chunks is all such decodes.
     """
