@@ -136,7 +136,7 @@ class EngineCore:
         found = self.scheduler.cancel(request_id, self.clock.now() if at is None else at, reason, detail=detail)
         tracked = self._tracked.get(request_id)
         if tracked is not None and tracked.request.is_finished:
-            self._final(tracked, text=tracked.stream.finish())
+            self._final(tracked, flush=True)
         return found
 
     def ack(self, request_id: str, num_tokens: int, *, at: float | None = None) -> None:
@@ -259,7 +259,7 @@ class EngineCore:
         for request in done:
             entry = tracked.get(request.request_id)
             if entry is not None:  # ended without sampling this step (an executor error)
-                self._final(entry, text=entry.stream.finish())
+                self._final(entry, flush=True)
 
     def _deliver(self, entry: _Tracked, now: float) -> None:
         request = entry.request
@@ -275,7 +275,7 @@ class EngineCore:
                 self.scheduler.cancel(request.request_id, now, FinishReason.STOP)
             self._final(entry, token_ids=new, text=text, reason=FinishReason.STOP)
         elif request.is_finished:
-            self._final(entry, token_ids=new, text=text + entry.stream.finish())
+            self._final(entry, token_ids=new, text=text, flush=True)
         else:
             self._outputs.append(
                 RequestOutput(request.request_id, now, request.num_prompt_tokens, request.num_output_tokens, new, text)
@@ -285,7 +285,7 @@ class EngineCore:
         for rid in request_ids:
             entry = self._tracked.get(rid)
             if entry is not None and entry.request.is_finished:
-                self._final(entry, text=entry.stream.finish())
+                self._final(entry, flush=True)
 
     def _final(
         self,
@@ -293,13 +293,20 @@ class EngineCore:
         *,
         token_ids: tuple[int, ...] = (),
         text: str = "",
+        flush: bool = False,
         reason: FinishReason | None = None,
         detail: str | None = None,
         ts: float | None = None,
         reject_kind: str = "",
     ) -> None:
+        """The request's final output: `text`, plus (`flush`) what its stream held back."""
         request = entry.request
         self._tracked.pop(request.request_id, None)
+        if flush:
+            try:
+                text += entry.stream.finish()
+            except Exception:  # the held-back tail is lost; the request still ends, once
+                log.exception("the text stream of %s failed at its end", request.request_id)
         finished_ts = request.timeline.finished_ts
         self._outputs.append(
             RequestOutput(
