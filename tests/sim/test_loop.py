@@ -49,15 +49,18 @@ def test_arrival_during_a_step_is_handed_over_at_its_end() -> None:
     assert late.arrival_ts == 0.5 and late.scheduled_ts == [2.0]
 
 
-def test_on_step_runs_after_every_update() -> None:
-    seen: list[tuple[int, float, int]] = []
+def test_inspect_runs_after_every_stepped_update_and_after_each_decode_run() -> None:
+    for skip_ahead, expected in ((False, [(0, 1.0, 0), (1, 2.0, 0), (2, 3.0, 1)]), (True, [(0, 1.0, 0), (2, 3.0, 1)])):
+        seen: list[tuple[int, float, int]] = []
 
-    def hook(s: SchedulerBase, out: SchedulerOutput, now: float) -> None:
-        seen.append((out.step_id, now, s.num_finished))
+        def hook(s: SchedulerBase, out: SchedulerOutput, now: float) -> None:
+            seen.append((out.step_id, now, s.num_finished))  # noqa: B023 - called inside this iteration
 
-    result = simulate(trace((0, 2, 2)), ContinuousScheduler(seed_config()), UnitCost(8), inspect=hook)
-    assert seen == [(0, 1.0, 0), (1, 2.0, 0), (2, 3.0, 1)]
-    assert result.num_steps == 3
+        result = simulate(
+            trace((0, 2, 2)), ContinuousScheduler(seed_config()), UnitCost(8), inspect=hook, skip_ahead=skip_ahead
+        )
+        assert seen == expected  # with skip-ahead, steps 1-2 are a decode run: inspected once, at its end
+        assert result.num_steps == 3
 
 
 def test_affine_cost_runs_in_seconds() -> None:

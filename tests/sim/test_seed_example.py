@@ -86,5 +86,6 @@ def test_continuous_prefills_c_while_a_decodes() -> None:
     def record(_: SchedulerBase, out: SchedulerOutput, now: float) -> None:
         steps.append((now, [(c.request_id, c.num_new_tokens, c.is_prefill) for c in out.chunks]))
 
-    simulate(SEED, ContinuousScheduler(seed_config()), UnitCost(8), inspect=record)
+    # every step's chunks: stepped (decode runs leave steady decodes out of their step shapes)
+    simulate(SEED, ContinuousScheduler(seed_config()), UnitCost(8), inspect=record, skip_ahead=False)
     assert steps[3] == (4.0, [("A", 1, False), ("C", 3, True)])  # the step that starts at t=3

@@ -12,7 +12,7 @@ import dataclasses
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contbatch.core import ContinuousScheduler, SchedulerConfig, check_invariants
+from contbatch.core import ContinuousScheduler, SchedulerConfig, check_invariants, seed_config
 from contbatch.core.config import KVConfig, LifecycleConfig, TenantConfig
 from contbatch.loop import StepObserver, StepRecord
 from contbatch.sim import AffineCost, SimResult, UnitCost, parse_cost, simulate
@@ -73,6 +73,7 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
     )
     return SchedulerConfig(
         max_num_batched_tokens=draw(st.sampled_from([16, 64, 512])),
+        sample_on_prefill=draw(st.sampled_from([True, True, False])),  # False: the seed's semantics
         max_num_seqs=draw(st.sampled_from([None, 3, 8])),
         chunked_prefill=draw(st.booleans()),
         max_prefill_tokens_per_request=draw(st.sampled_from([None, 8])),
@@ -197,3 +198,21 @@ def test_decode_runs_stop_at_kv_pressure_and_resume() -> None:
         )
         assert stepped.scheduler_stats["num_preemptions"], "the pool was meant to be too small"
         assert _fingerprint(skipped) == _fingerprint(stepped)
+
+
+def test_decode_runs_cover_the_seed_semantics() -> None:
+    """The seed preset (a prefill samples nothing; unit cost): one long request and arrivals that
+    join runs give the results, totals and step records of stepping, in a few runs."""
+    rows = [TraceRequest("long", 0.0, 4, 3000)] + [TraceRequest(f"r{i}", 5.0 * i, 3, 7) for i in range(1, 40)]
+    trace = Trace("seed-long", tuple(rows), "tick", "test")
+    cost = COSTS["unit"]
+    calls: list[float] = []
+    stepped_log, skipped_log = StepLog(), StepLog()
+    stepped = simulate(trace, ContinuousScheduler(seed_config()), cost, skip_ahead=False, observers=[stepped_log])
+    skipped = simulate(
+        trace, ContinuousScheduler(seed_config()), cost, inspect=lambda *a: calls.append(a[2]), observers=[skipped_log]
+    )
+    assert _fingerprint(skipped) == _fingerprint(stepped)
+    assert skipped_log.rows == stepped_log.rows and skipped.busy_time == stepped.busy_time
+    assert len(calls) < skipped.num_steps / 20
+

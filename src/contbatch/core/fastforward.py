@@ -9,8 +9,9 @@ admitted and prefilled whole. A caller that takes such steps in bulk needs the s
 and a few state changes; `FastForward` is that API, and the rules it answers are the
 scheduler's own (`plan_chunk`, `Memory.shortfall`, the seat limit), never restated.
 
-`ContinuousScheduler.fast_forward()` gives one only when such steps are possible: engine
-semantics, no speculative decoding, output credits, timeouts, tenant KV quotas, prefix caching or
+`ContinuousScheduler.fast_forward()` gives one only when such steps are possible (under engine
+semantics or the seed's, where a prefill samples nothing and the first token comes one step
+later): no speculative decoding, output credits, timeouts, tenant KV quotas, prefix caching or
 estimate admission, nothing waiting, and every running request steadily decoding and holding no more
 blocks than its next token needs. Arrivals may be admitted inside only without tenant quotas,
 fair-share accounting or a waiting-queue bound (`admits_arrivals`).
@@ -41,7 +42,6 @@ def may_fast_forward(s: ContinuousScheduler) -> bool:
     memory = s.memory
     return bool(s.running) and not (
         s.waiting
-        or not cfg.sample_on_prefill
         or cfg.num_speculative_tokens
         or cfg.lifecycle.output_credits is not None
         or cfg.lifecycle.has_timeouts
@@ -71,6 +71,7 @@ class FastForward:
             and s.config.lifecycle.max_waiting is None
         )
         self.max_num_batched_tokens = s.config.max_num_batched_tokens
+        self.samples_on_prefill = s.config.sample_on_prefill  # else a prefill's first token comes a step later
         self.bucket_padding = s.bucket_padding_for  # tokens padding a step of n tokens to its bucket
         self._charges = s.waiting.charges_service
         self._kv = memory.kv if memory is not None else None

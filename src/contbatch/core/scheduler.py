@@ -84,9 +84,12 @@ class ContinuousScheduler(Admission):
         if not may_fast_forward(self):
             return None
         ff = FastForward(self)
+        # steady: one position to compute per step, at the sequence end (under the seed's semantics
+        # the decode unit that samples the next token computes a position past the known ones)
+        lag = 1 if ff.samples_on_prefill else 0
         for r in self.running:
             computed = r.num_computed_tokens
-            if computed != r.num_known_tokens - 1 or computed < r.num_prompt_tokens:
+            if computed != r.num_known_tokens - lag or computed < r.num_prompt_tokens:
                 return None
             if ff.tracks_growth and not 0 <= r.kv_capacity - computed < ff.block_size:
                 return None

@@ -82,6 +82,12 @@ class UnitCost:
         work = out.num_batched_tokens + out.num_padding_tokens
         return float(max(1, math.ceil(work / self.capacity)))
 
+    def decode_pricer(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float]:
+        """`price(step_id, context)` of a step of `num_decodes` steady decodes: `step_time` of it,
+        which does not depend on the step or the context."""
+        work = float(max(1, math.ceil((num_decodes + num_padding) / self.capacity)))
+        return lambda step_id, context: work
+
 
 @dataclass(frozen=True, slots=True)
 class AffineCost:

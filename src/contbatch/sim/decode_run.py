@@ -199,7 +199,8 @@ class DecodeRun:
         prefill = sum(r.num_prompt_tokens for r in waiting)
         padding = self.ff.bucket_padding(n + prefill)
         self._pending = (waiting, padding)
-        chunks = tuple(ScheduledChunk(r.request_id, 0, r.num_prompt_tokens, True, True) for r in waiting)
+        samples = self.ff.samples_on_prefill
+        chunks = tuple(ScheduledChunk(r.request_id, 0, r.num_prompt_tokens, True, samples) for r in waiting)
         context = self.context_base + n * (i + 1)
         shape = SchedulerOutput(
             self.first_step_id + i,
@@ -241,7 +242,10 @@ class DecodeRun:
         self.step_ts.append(end_ts)
         self.num_padding_tokens += padding
         for request, owed in zip(admitted, self._admitted_owed, strict=True):
-            self._join(request, i, request.num_prompt_tokens - 1, 0, owed)
+            if self.ff.samples_on_prefill:  # its prefill step sampled its first token
+                self._join(request, i, request.num_prompt_tokens - 1, 0, owed)
+            else:  # the seed's semantics: its first token comes from the next step's decode unit
+                self._join(request, i + 1, request.num_prompt_tokens, 0, owed)
         self._admitted_owed = []
         self._finish_due(i)
 
@@ -271,6 +275,8 @@ class DecodeRun:
             rid = r.request_id
             if rid in self.stop_after:
                 self.stop_after[rid] -= len(ts)
+        elif r.num_computed_tokens != m.base:  # prefilled in the run, no token yet (the seed's semantics)
+            self.ff.emit(r, [], m.base)
         self.owed -= m.owed_after(num_steps, self.block_size)
 
     def close(self) -> list[Request]:

@@ -142,7 +142,8 @@ class _RunDriver:
         kv_usage = used / self.total_blocks
         self.core.totals.add_step(end - start, shape.num_padding_tokens, kv_usage)  # as stepping counts it
         if self.observed:
-            self.core.observe(StepRecord(shape, start, end, kv_usage, shape.num_requests))
+            sampled = shape.num_requests if self.run.ff.samples_on_prefill else shape.num_omitted_decodes
+            self.core.observe(StepRecord(shape, start, end, kv_usage, sampled))
         self.run.commit(end)
         self.taken += 1
         return True
