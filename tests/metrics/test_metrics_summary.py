@@ -337,3 +337,29 @@ def test_non_finite_timestamp_is_an_error() -> None:
     tl.record_finished(float("inf"), FinishReason.STOP)
     with pytest.raises(ValueError, match=r"'inf'.*finite"):
         summarize([tl], time_unit="s")
+
+
+_emissions = st.lists(st.tuples(st.floats(0.0, 5.0, allow_nan=False), st.integers(1, 4)), max_size=6)
+
+
+@given(st.lists(_emissions, min_size=1, max_size=6))
+def test_pooled_itls_equal_each_requests_gaps_concatenated(requests: list[list[tuple[float, int]]]) -> None:
+    """The summary pools every inter-token gap at once (`pooled_itls`, vectorised); it equals
+    each request's own gaps (`itls`) concatenated, per emission and per token, across request
+    boundaries and requests with zero or one emission."""
+    from contbatch.metrics.request import itls
+    from contbatch.metrics.summary import pooled_itls
+
+    timelines = []
+    for i, emissions in enumerate(requests):
+        tl = Timeline(f"r{i}", 0.0, 4)
+        tl.record_scheduled(0.0)
+        ts = 0.0
+        for gap, n in emissions:
+            ts += gap
+            tl.record_tokens(ts, n)
+        tl.record_finished(ts + 1.0, FinishReason.LENGTH)
+        timelines.append(tl)
+    per_emission, per_token = pooled_itls(timelines)
+    assert list(per_emission) == [g for tl in timelines for g in itls(tl)[0]]
+    assert list(per_token) == [g for tl in timelines for g in itls(tl)[1]]

@@ -134,13 +134,10 @@ def _check(tl: Timeline) -> tuple[float, FinishReason]:
 
 
 def _all_finite(stamps: list[float]) -> bool:
-    # a finite exact sum means every term is finite (an inf or NaN term makes it inf or NaN);
-    # only finite terms whose sum overflows need the one-by-one check
-    try:
-        if math.isfinite(math.fsum(stamps)):
-            return True
-    except OverflowError:
-        pass
+    # a finite sum means every term is finite (an inf or NaN term makes it inf or NaN); only
+    # finite terms whose sum overflows need the one-by-one check
+    if math.isfinite(sum(stamps)):
+        return True
     return all(math.isfinite(ts) for ts in stamps)
 
 
@@ -189,10 +186,11 @@ def itls(tl: Timeline) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(per_emission), tuple(per_token)
 
 
-def request_metrics(tl: Timeline) -> RequestMetrics:
-    """Every per-request metric of one finished timeline; `ValueError` if it never finished."""
+def request_metrics(tl: Timeline, *, with_itls: bool = True) -> RequestMetrics:
+    """Every per-request metric of one finished timeline; `ValueError` if it never finished.
+    `with_itls=False` leaves the inter-token gaps empty (a summary pools them itself)."""
     finished_ts, reason = _check(tl)
-    per_emission, per_token = itls(tl)
+    per_emission, per_token = itls(tl) if with_itls else ((), ())
     return RequestMetrics(
         request_id=tl.request_id,
         tenant=tl.tenant,

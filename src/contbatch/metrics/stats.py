@@ -43,7 +43,10 @@ def latency_scale(time_unit: str) -> float:
     return 1000.0 if check_time_unit(time_unit) == "s" else 1.0
 
 
-def describe(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
+Sample = Sequence[float] | np.ndarray[Any, np.dtype[np.float64]]  # one latency's values
+
+
+def describe(values: Sample, scale: float = 1.0) -> dict[str, float | None]:
     """{prefix: statistic} for every prefix in `STAT_PREFIXES`, of `values` × `scale`.
 
     An empty sample gives None for every statistic; a statistic that overflows a float (only
@@ -79,7 +82,7 @@ def _plain(value: np.floating[Any]) -> float | None:
 
 
 def latency_keys(
-    name: str, values: Sequence[float], time_unit: str, *, described: dict[int, dict[str, float | None]] | None = None
+    name: str, values: Sample, time_unit: str, *, described: dict[int, dict[str, float | None]] | None = None
 ) -> dict[str, float | None]:
     """`describe(values)` keyed as `vllm bench serve` does: ``mean_ttft_ms``, ``p99_ttft_ticks``...
     `described` (by `id(values)`) keeps statistics already computed, for a sample shared by names."""

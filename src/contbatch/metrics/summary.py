@@ -39,12 +39,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
 from contbatch.metrics.request import RequestMetrics, request_metrics
-from contbatch.metrics.stats import check_time_unit, latency_keys
+from contbatch.metrics.stats import Sample, check_time_unit, latency_keys
 
-PooledItls = tuple[Sequence[float], Sequence[float]]  # every inter-token gap: per emission, per token
+PooledItls = tuple[Sample, Sample]  # every inter-token gap: per emission, per token
 
 LATENCY_NAMES: tuple[str, ...] = ("queue", "requeue", "ttft", "tpot", "itl", "itl_per_token", "e2el")
 """Latency key stems, in summary order: ``mean_<stem>_ms`` etc."""
@@ -82,8 +84,8 @@ class SLO:
         return {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}
 
 
-def _metrics_of(timelines: Iterable[Timeline]) -> list[RequestMetrics]:
-    rows = [request_metrics(tl) for tl in timelines]
+def _metrics_of(timelines: Iterable[Timeline], *, with_itls: bool = True) -> list[RequestMetrics]:
+    rows = [request_metrics(tl, with_itls=with_itls) for tl in timelines]
     if not rows:
         raise ValueError("cannot summarize an empty list of timelines")
     seen: set[str] = set()
@@ -92,6 +94,23 @@ def _metrics_of(timelines: Iterable[Timeline]) -> list[RequestMetrics]:
             raise ValueError(f"request id {m.request_id!r} appears in more than one timeline")
         seen.add(m.request_id)
     return rows
+
+
+def pooled_itls(timelines: Sequence[Timeline]) -> PooledItls:
+    """The inter-token gaps of `timelines`, per emission and per token (`request.itls` of each,
+    concatenated), computed at once over all their token timestamps."""
+    lengths = np.fromiter((len(tl.token_ts) for tl in timelines), dtype=np.int64, count=len(timelines))
+    total = int(lengths.sum())
+    stamps = np.fromiter(itertools.chain.from_iterable(tl.token_ts for tl in timelines), dtype=np.float64, count=total)
+    keep = np.ones(max(total - 1, 0), dtype=bool)  # a gap inside one request, not across two
+    ends = np.cumsum(lengths)[:-1]
+    keep[ends[(ends > 0) & (ends < total)] - 1] = False
+    per_emission = np.diff(stamps)[keep]
+    if all(tl.token_counts.count(1) == len(tl.token_counts) for tl in timelines):
+        return per_emission, per_emission
+    counts = np.fromiter(itertools.chain.from_iterable(tl.token_counts for tl in timelines), np.int64, count=total)
+    later = counts[1:][keep]
+    return per_emission, np.repeat(per_emission / later, later)
 
 
 def _per_unit(amount: float, makespan: float) -> float | None:
@@ -158,7 +177,7 @@ def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls |
             itls = (per_emission, per_emission)
         else:
             itls = (per_emission, list(itertools.chain.from_iterable(m.itl_per_token for m in rows)))
-    samples: dict[str, Sequence[float]] = {
+    samples: dict[str, Sample] = {
         "queue": [m.queue_time for m in rows if m.queue_time is not None],
         "requeue": [m.requeue_time for m in rows if m.num_preemptions > 0],
         "ttft": [m.ttft for m in rows if m.ttft is not None],
@@ -200,8 +219,11 @@ def summarize(
     Raises `ValueError` for an empty input, an unfinished timeline (naming it), a duplicate
     request id, an unknown time unit or a negative waste count. SLO keys appear only with `slo`.
     """
+    timelines = list(timelines)
+    rows = _metrics_of(timelines, with_itls=False)  # the gaps are pooled at once, below
+    itls = pooled_itls([tl for tl, m in zip(timelines, rows, strict=True) if m.ran])
     return summarize_rows(
-        _metrics_of(timelines), time_unit=time_unit, padding_tokens=padding_tokens, unsent_tokens=unsent_tokens, slo=slo
+        rows, time_unit=time_unit, padding_tokens=padding_tokens, unsent_tokens=unsent_tokens, slo=slo, itls=itls
     )
 
 
