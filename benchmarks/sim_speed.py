@@ -1,23 +1,30 @@
-"""Simulator speed: simulated requests per wall-second and iterations (steps) per second.
+"""Simulator speed, each workload side by side with its baseline in one script run.
 
-Workloads (issue: "the simulator as a planning tool"):
-  (a) 10,000 requests, Poisson 10.5 req/s, 512 prompt and 128 output tokens each, a vLLM-like
-      configuration (max 128 sequences, 4,096-token budget, paged KV), under the Llama-2-7B on
-      A100 roofline preset: the workload on which Vidur simulated ~400-550 requests per
-      wall-second on this machine class;
-  (b) the azure-code trace tiled in time to 1,000,000 requests (copies back to back, arrival
-      gaps kept), in streaming mode (no timelines kept), with its peak memory (ru_maxrss).
+Workloads (`WORKLOADS`; issue 19's table):
+  (a)       10,000 requests, Poisson 10.5 req/s, 512 prompt and 128 output tokens each, a vLLM-like
+            configuration (max 128 sequences, 4,096-token budget, paged KV), under the Llama-2-7B
+            on A100 roofline preset, every token timestamp kept; baselines: BLIS (its fastest
+            mode) and the code of --baseline;
+  (a-100k)  the same with 100,000 requests; baseline: BLIS;
+  (a-no-skip) (a) with skip-ahead off (the decode runs' own speed-up);
+  (b)       the azure-code trace tiled in time to --requests-b requests (copies back to back,
+            arrival gaps kept), `engine` preset, streaming mode, with its peak memory;
+  (c)       azure-code at 4 times its rate, roofline Llama-2-7B on A100, `engine` preset:
+            saturated, KV near full, preemptions;
+  (d)       one request of 1,000,000 output tokens under the seed preset and `unit:8`.
 
-Each workload runs in a fresh process per repetition (so peak memory is its own); medians of
---reps runs. Also runs (a) with skip-ahead off, side by side, for the ratio. With --baseline REF
-it also runs (a) on the simulator as it was at git commit REF (exported to a temporary folder and
-imported from there), interleaved with the current code's runs, and reports the ratio: absolute
-rates differ about 2x between machines of one kind, ratios in one run do not. The simulation
-(`simulate`) and the summary of its results (`SimResult.summary`: every metric, percentiles
-over every inter-token gap) are timed apart: requests_per_s is the simulation's rate,
-with_summary_per_s the rate of both. Prints one table; writes JSON (--json-out).
+Each measurement is a fresh process (so peak memory and CPU time are its own). Reported per
+workload: `sim_s` (the simulation's wall time), `summary_s` (every metric of the result),
+`cpu_s` (the whole process's user + system CPU time: interpreter start, imports, trace,
+simulation, summary: what BLIS's figure is) and peak RSS. With --baseline REF each workload also
+runs on the simulator as it was at git commit REF (exported to a temporary folder and imported
+from there; workloads it cannot run are left out), interleaved; with BLIS installed
+(`../shared/anchors/blis/build.sh`; --blis PATH, default ~/.cache/contbatch-anchors/blis/blis)
+(a) and (a-100k) also run in BLIS with `--cache-signal-delay 0`. Ratios are medians over paired
+repetitions (absolute rates differ about 2x between machines of one kind; ratios in one run do
+not). Prints one table; writes JSON (--json-out).
 
-    .venv/bin/python benchmarks/sim_speed.py --reps 3
+    .venv/bin/python benchmarks/sim_speed.py --reps 3 --baseline 21f510d
 """
 
 from __future__ import annotations
@@ -33,118 +40,215 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-WORKLOADS = ("a", "a-no-skip", "b")
-BASELINE = "a-baseline"  # workload (a) on the code of --baseline
+ANCHOR = Path(__file__).resolve().parents[1].parent / "shared" / "anchors" / "blis"
+DEFAULT_BLIS = Path.home() / ".cache" / "contbatch-anchors" / "blis" / "blis"
 
 
-def trace_a():  # type: ignore[no-untyped-def]
+def _trace_a(n: int) -> Any:
     from contbatch.traces.synthetic import fixed, generate, poisson
 
-    return generate("speed-a", 10_000, poisson(10.5), fixed(512), fixed(128), seed=1)
+    return generate("speed-a", n, poisson(10.5), fixed(512), fixed(128), seed=1)
 
 
-def trace_b(num_requests: int):  # type: ignore[no-untyped-def]
+def _azure_tiled(n: int) -> Any:
     from contbatch.traces import Trace, load_trace
 
     base = load_trace("azure-code")
     period = base.requests[-1].arrival_ts + (base.requests[-1].arrival_ts / (len(base) - 1))
-    requests = []
+    requests: list[Any] = []
     copy = 0
-    while len(requests) < num_requests:
+    while len(requests) < n:
         for r in base.requests:
-            if len(requests) == num_requests:
+            if len(requests) == n:
                 break
-            shifted = r.arrival_ts + copy * period
-            requests.append(dataclasses.replace(r, request_id=f"{copy}-{r.request_id}", arrival_ts=shifted))
+            requests.append(
+                dataclasses.replace(r, request_id=f"{copy}-{r.request_id}", arrival_ts=r.arrival_ts + copy * period)
+            )
         copy += 1
-    return Trace("azure-code-x", tuple(requests), "s", f"azure-code tiled to {num_requests} requests")
+    return Trace("azure-code-x", tuple(requests), "s", f"azure-code tiled to {n} requests")
 
 
-def run_one(workload: str, num_b: int) -> dict[str, float]:
-    from contbatch.core import PRESETS, ContinuousScheduler
+def _azure_4x(_: int) -> Any:
+    from contbatch.traces import load_trace
+    from contbatch.traces.synthetic import scale_to_rate
+
+    base = load_trace("azure-code")
+    return scale_to_rate(base, 4 * len(base) / base.requests[-1].arrival_ts)
+
+
+def _one_long(_: int) -> Any:
+    from contbatch.traces import Trace, TraceRequest
+
+    return Trace("one-long", (TraceRequest("long", 0.0, 4, 1_000_000),), "tick", "one request, 1,000,000 outputs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    trace: Callable[[int], Any]  # (requests for the sized ones) -> Trace
+    size: int
+    cost: str
+    preset: str  # "a" (vLLM-like), "engine" or "seed"
+    skip_ahead: bool = True
+    streaming: bool = False
+    blis_requests: int | None = None  # run in BLIS too, with this many requests
+
+
+WORKLOADS: dict[str, Workload] = {
+    "a": Workload(_trace_a, 10_000, "roofline:llama-2-7b@a100", "a", blis_requests=10_000),
+    "a-100k": Workload(_trace_a, 100_000, "roofline:llama-2-7b@a100", "a", blis_requests=100_000),
+    "a-no-skip": Workload(_trace_a, 10_000, "roofline:llama-2-7b@a100", "a", skip_ahead=False),
+    "b": Workload(_azure_tiled, 1_000_000, "roofline:llama-2-7b@a100", "engine", streaming=True),
+    "c": Workload(_azure_4x, 0, "roofline:llama-2-7b@a100", "engine"),
+    "d": Workload(_one_long, 0, "unit:8", "seed"),
+}
+
+
+def run_one(name: str, size: int) -> dict[str, float]:
+    """Run workload `name` in this process (imports included in its CPU time)."""
+    from contbatch.core import PRESETS, ContinuousScheduler, seed_config
     from contbatch.sim import parse_cost, simulate
 
-    cost = parse_cost("roofline:llama-2-7b@a100")
-    if workload.startswith(("a", "base")):
-        trace = trace_a()
-        config = dataclasses.replace(PRESETS["engine"], max_num_seqs=128, max_num_batched_tokens=4096)
-    else:
-        trace = trace_b(num_b)
-        config = PRESETS["engine"]
+    w = WORKLOADS[name]
+    trace = w.trace(size)
+    config = {
+        "a": dataclasses.replace(PRESETS["engine"], max_num_seqs=128, max_num_batched_tokens=4096),
+        "engine": PRESETS["engine"],
+        "seed": seed_config(),
+    }[w.preset]
     start = time.perf_counter()
     result = simulate(
-        trace, ContinuousScheduler(config), cost, skip_ahead=workload != "a-no-skip", keep_timelines=workload != "b"
+        trace, ContinuousScheduler(config), parse_cost(w.cost), skip_ahead=w.skip_ahead, keep_timelines=not w.streaming
     )
     simulated = time.perf_counter()
     summary = result.summary()
     summarized = time.perf_counter()
-    sim_s, summary_s = simulated - start, summarized - simulated
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "requests": len(trace),
         "steps": result.num_steps,
-        "sim_s": sim_s,
-        "summary_s": summary_s,
-        "requests_per_s": len(trace) / sim_s,
-        "with_summary_per_s": len(trace) / (sim_s + summary_s),
-        "iterations_per_s": result.num_steps / sim_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "makespan_s": float(summary["makespan"]),  # type: ignore[arg-type]
+        "sim_s": simulated - start,
+        "summary_s": summarized - simulated,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "requests_per_s": len(trace) / (simulated - start),
+        "peak_rss_mb": usage.ru_maxrss / 1024,
         "completed": float(summary["completed"]),  # type: ignore[arg-type]
     }
 
 
-def _fmt(value: float) -> str:
+def _in_process(name: str, size: int, src: Path | None) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    cmd = [sys.executable, __file__, "--only", name, "--size", str(size)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _blis(blis: Path, num_requests: int, tmp: Path) -> dict[str, float]:
+    spec = (ANCHOR / "workload_a.yaml").read_text().replace("num_requests: 10000", f"num_requests: {num_requests}")
+    spec_path = tmp / f"workload_a_{num_requests}.yaml"
+    spec_path.write_text(spec)
+    cmd = [str(blis), "run", "--model", "meta-llama/llama-2-7b-hf", "--latency-model", "roofline",
+           "--hardware", "A100-80", "--tp", "1", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
+           "--num-instances", "1", "--workload-spec", str(spec_path), "--cache-signal-delay", "0"]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, cwd=blis.parent / "src")
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"requests": num_requests, "cpu_s": cpu, "wall_s": wall, "peak_rss_mb": after.ru_maxrss / 1024}
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--requests-b", type=int, default=1_000_000)
-    parser.add_argument("--only", choices=WORKLOADS, help="run one workload in this process (internal)")
+    parser.add_argument(
+        "--workloads", default="a,a-100k,a-no-skip,b,c,d", help="comma-separated, of " + ", ".join(WORKLOADS)
+    )
+    parser.add_argument("--requests-b", type=int, default=WORKLOADS["b"].size)
+    parser.add_argument("--baseline", metavar="REF", help="also run each workload on the code of this git commit")
+    parser.add_argument("--blis", type=Path, default=DEFAULT_BLIS, help="the BLIS binary (skipped when absent)")
+    parser.add_argument("--only", choices=sorted(WORKLOADS), help="run one workload in this process (internal)")
+    parser.add_argument("--size", type=int, default=0, help="(internal) the workload's size")
     parser.add_argument("--json-out", default="sim_speed.json")
-    parser.add_argument("--baseline", metavar="REF", help="also run (a) on the code of this git commit")
     args = parser.parse_args()
     if args.only:
-        print(json.dumps(run_one(args.only, args.requests_b)))
+        print(json.dumps(run_one(args.only, args.size)))
         return
-    workloads = (*WORKLOADS, BASELINE) if args.baseline else WORKLOADS
-    runs: dict[str, list[dict[str, float]]] = {w: [] for w in workloads}
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+    blis = args.blis if args.blis.exists() else None
+    if blis is None:
+        print(
+            f"BLIS not found at {args.blis}: its column stays empty (../shared/anchors/blis/build.sh)", file=sys.stderr
+        )
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {
+        n: {"contbatch": [], "baseline": [], "blis": []} for n in names
+    }
     with tempfile.TemporaryDirectory() as tmp:
+        src = None
         if args.baseline:
             export = subprocess.run(["git", "archive", args.baseline, "src"], check=True, capture_output=True)
             subprocess.run(["tar", "-x", "-C", tmp], input=export.stdout, check=True)
+            src = Path(tmp) / "src"
         for rep in range(args.reps):
-            for workload in workloads:
-                only = "a" if workload == BASELINE else workload
-                cmd = [sys.executable, __file__, "--only", only, "--requests-b", str(args.requests_b)]
-                env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-                if workload == BASELINE:
-                    env["PYTHONPATH"] = str(Path(tmp) / "src")
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-                runs[workload].append(json.loads(out.strip().splitlines()[-1]))
-                print(f"rep {rep + 1}/{args.reps} {workload} done", file=sys.stderr, flush=True)
-    table = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for w, rs in runs.items()}
-    cols = ["requests", "steps", "sim_s", "summary_s", "requests_per_s", "with_summary_per_s", "iterations_per_s",
-            "peak_rss_mb"]  # fmt: skip
-    rows = [["workload", *cols]] + [[w, *(_fmt(table[w][c]) for c in cols)] for w in workloads]
+            for name in names:
+                w = WORKLOADS[name]
+                size = args.requests_b if name == "b" else w.size
+                runs[name]["contbatch"].append(_in_process(name, size, None))
+                if src is not None:
+                    try:
+                        runs[name]["baseline"].append(_in_process(name, size, src))
+                    except subprocess.CalledProcessError as exc:  # the old code lacks what it needs
+                        print(
+                            f"{name} on {args.baseline} failed: {exc.stderr.strip().splitlines()[-1:]}", file=sys.stderr
+                        )
+                if blis is not None and w.blis_requests is not None:
+                    runs[name]["blis"].append(_blis(blis, w.blis_requests, Path(tmp)))
+                print(f"rep {rep + 1}/{args.reps} {name} done", file=sys.stderr, flush=True)
+    table = {name: _row(r) for name, r in runs.items()}
+    _print(table, args.baseline)
+    machine = {"python": platform.python_version(), "machine": platform.machine()}
+    doc = {**machine, "args": vars(args) | {"blis": str(args.blis)}, "table": table, "runs": runs}
+    Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def _row(r: dict[str, list[dict[str, float]]]) -> dict[str, float | None]:
+    ours = r["contbatch"]
+    row: dict[str, float | None] = {k: statistics.median(x[k] for x in ours) for k in ours[0]}
+    for other in ("baseline", "blis"):
+        theirs = r[other][: len(ours)]
+        row[f"{other}_cpu_s"] = statistics.median(x["cpu_s"] for x in theirs) if theirs else None
+        pairs = list(zip(ours, theirs, strict=False))
+        # paired ratios of whole-process CPU time (the baseline's over ours: > 1 means we are faster)
+        row[f"{other}_speedup"] = statistics.median(t["cpu_s"] / o["cpu_s"] for o, t in pairs) if pairs else None
+    base = r["baseline"][: len(ours)]
+    row["baseline_sim_speedup"] = (
+        statistics.median(t["sim_s"] / o["sim_s"] for o, t in zip(ours, base, strict=False)) if base else None
+    )
+    return row
+
+
+def _print(table: dict[str, dict[str, float | None]], baseline: str | None) -> None:
+    cols = ["requests", "steps", "sim_s", "summary_s", "cpu_s", "peak_rss_mb", "baseline_cpu_s",
+            "baseline_sim_speedup", "baseline_speedup", "blis_cpu_s", "blis_speedup"]  # fmt: skip
+    rows = [["workload", *cols]] + [[n, *(_fmt(t.get(c)) for c in cols)] for n, t in table.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols) + 1)]
     print("\n".join("  ".join(c.rjust(wd) for c, wd in zip(r, widths, strict=True)) for r in rows))
-    skip_ratio = table["a"]["requests_per_s"] / table["a-no-skip"]["requests_per_s"]
-    print(f"skip-ahead speed-up on (a): {skip_ratio:.2f}x")
-    doc: dict[str, object] = {"python": platform.python_version(), "machine": platform.machine(), "table": table}
-    if args.baseline:
-        ratios = {
-            key: statistics.median(n[key] / b[key] for n, b in zip(runs["a"], runs[BASELINE], strict=True))
-            for key in ("requests_per_s", "with_summary_per_s")
-        }
-        print(f"(a) against {args.baseline}: simulation {ratios['requests_per_s']:.2f}x, "
-              f"with the summary {ratios['with_summary_per_s']:.2f}x (medians of paired runs)")  # fmt: skip
-        doc["baseline"] = {"ref": args.baseline, "ratios": ratios}
-    doc["runs"] = runs
-    Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"baseline: {baseline or '-'}; *_speedup = their CPU (or sim) time / ours, medians of paired runs")
 
 
 if __name__ == "__main__":

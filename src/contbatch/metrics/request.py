@@ -123,7 +123,9 @@ def _check(tl: Timeline) -> tuple[float, FinishReason]:
         raise ValueError(f"request {rid!r} never finished (no FINISHED event): cannot compute its metrics")
     if len(tl.token_ts) != len(tl.token_counts):
         raise ValueError(f"request {rid!r}: token_ts and token_counts differ in length")
-    if not _all_finite([tl.arrival_ts, tl.finished_ts, *tl.scheduled_ts, *tl.preempted_ts, *tl.token_ts]):
+    if not (
+        _all_finite([tl.arrival_ts, tl.finished_ts, *tl.scheduled_ts, *tl.preempted_ts]) and _all_finite(tl.token_ts)
+    ):
         raise ValueError(f"request {rid!r}: every timestamp must be a finite number")
     if tl.token_counts and min(tl.token_counts) < 1:
         raise ValueError(f"request {rid!r}: every TOKENS emission needs at least one token")
@@ -162,9 +164,11 @@ def ttft(tl: Timeline) -> float | None:
     return tl.token_ts[0] - tl.arrival_ts if tl.token_ts else None
 
 
-def tpot(tl: Timeline) -> float | None:
-    """(last token − first token) / (output tokens − 1), or None below two output tokens."""
-    num_tokens = sum(tl.token_counts)
+def tpot(tl: Timeline, num_tokens: int | None = None) -> float | None:
+    """(last token − first token) / (output tokens − 1), or None below two output tokens;
+    `num_tokens` is the output token count when the caller has it."""
+    if num_tokens is None:
+        num_tokens = sum(tl.token_counts)
     if num_tokens < 2:
         return None
     return (tl.token_ts[-1] - tl.token_ts[0]) / (num_tokens - 1)
@@ -191,12 +195,13 @@ def request_metrics(tl: Timeline, *, with_itls: bool = True) -> RequestMetrics:
     `with_itls=False` leaves the inter-token gaps empty (a summary pools them itself)."""
     finished_ts, reason = _check(tl)
     per_emission, per_token = itls(tl) if with_itls else ((), ())
+    num_tokens = sum(tl.token_counts)
     return RequestMetrics(
         request_id=tl.request_id,
         tenant=tl.tenant,
         priority=tl.priority,
         num_prompt_tokens=tl.num_prompt_tokens,
-        num_output_tokens=sum(tl.token_counts),
+        num_output_tokens=num_tokens,
         num_emissions=len(tl.token_ts),
         num_preemptions=len(tl.preempted_ts),
         arrival_ts=tl.arrival_ts,
@@ -206,7 +211,7 @@ def request_metrics(tl: Timeline, *, with_itls: bool = True) -> RequestMetrics:
         queue_time=queue_time(tl),
         requeue_time=requeue_time(tl, finished_ts),
         ttft=ttft(tl),
-        tpot=tpot(tl),
+        tpot=tpot(tl, num_tokens),
         e2e=finished_ts - tl.arrival_ts,  # E2E = FINISHED − ARRIVED
         itl_per_emission=per_emission,
         itl_per_token=per_token,
