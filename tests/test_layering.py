@@ -21,6 +21,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "contbatch.traces",
     ),
     "contbatch.traces": ("torch", "numpy", "asyncio", "contbatch.sim", "contbatch.metrics"),
+    # the routing core, shared by the cluster simulator and a real gateway: the standard library only
+    "contbatch.routing": (
+        "torch", "numpy", "asyncio", "contbatch.core", "contbatch.loop", "contbatch.metrics", "contbatch.sim",
+        "contbatch.traces", "contbatch.engine", "contbatch.server", "contbatch.bench",
+    ),
     "contbatch.metrics": ("torch", "asyncio", "matplotlib", "contbatch.sim", "contbatch.engine", "contbatch.server"),
     "contbatch.sim": ("torch", "asyncio", "matplotlib", "contbatch.engine", "contbatch.server"),
     "contbatch.plots": ("torch", "asyncio", "matplotlib", "contbatch.sim", "contbatch.engine", "contbatch.server"),
@@ -66,6 +71,20 @@ def test_core_uses_only_the_standard_library() -> None:
         if m.split(".")[0] not in sys.stdlib_module_names and not m.startswith("contbatch") and not m.startswith("_")
     )
     assert not third_party, f"contbatch.core loads third-party modules: {sorted(set(third_party))}"
+
+
+def test_routing_uses_only_the_standard_library() -> None:
+    """A gateway imports the routing core without the simulator and without third-party code."""
+    import importlib.util
+
+    if importlib.util.find_spec("contbatch.routing") is None:
+        pytest.skip("contbatch.routing is not part of this checkout yet")
+    loaded = _modules_after_import("contbatch.routing")
+    outside = sorted(
+        m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names and not m.startswith("_")
+        and m != "contbatch" and not m.startswith("contbatch.routing")
+    )  # fmt: skip
+    assert not outside, f"contbatch.routing loads {outside}"
 
 
 def test_core_never_reads_a_clock() -> None:

@@ -13,6 +13,8 @@ from server.harness import MODEL, RunningServer
 from contbatch.cli.main import main
 from contbatch.traces import Trace, TraceRequest, write_jsonl
 
+VLLM = ("--ignore-eos", "--continuous-usage-stats")  # the extensions contbatch serve (and vLLM) take
+
 
 def bench_json(capsys: pytest.CaptureFixture[str], server: RunningServer, *args: str) -> dict[str, Any]:
     code = main(["bench", "--base-url", server.base_url, "--model", MODEL, "--disable-tqdm", "--json", *args])
@@ -46,6 +48,7 @@ def test_metrics_counters_agree_with_the_bench_results(
         "8",
         "--range-ratio",
         "0.5",
+        *VLLM,
     )
     server.wait_idle()
     m = samples(server)
@@ -88,6 +91,7 @@ def test_saved_results_use_vllm_key_names(
             "res.json",
             "--endpoint",
             "chat",
+            "--ignore-eos",
         ]
     )
     assert code == 0
@@ -136,7 +140,7 @@ def test_saved_results_use_vllm_key_names(
 def test_max_concurrency_queues_on_the_client(capsys: pytest.CaptureFixture[str], make_server: Any) -> None:
     server = make_server(cost="affine:base_ms=10")
     doc = bench_json(
-        capsys, server, "--num-prompts", "8", "--input-len", "4", "--output-len", "5", "--max-concurrency", "2"
+        capsys, server, "--num-prompts", "8", "--input-len", "4", "--output-len", "5", "--max-concurrency", "2", *VLLM
     )
     assert doc["completed"] == 8 and doc["max_concurrency"] == 2
     assert doc["max_queue_ms"] > 100  # the last pair waited for three pairs of ~60 ms requests
@@ -154,10 +158,10 @@ def test_trace_cancel_times_disconnect_the_client(
         "test",
     )
     write_jsonl(trace, tmp_path / "t.jsonl")
-    doc = bench_json(capsys, server, "--trace", str(tmp_path / "t.jsonl"))
+    doc = bench_json(capsys, server, "--trace", str(tmp_path / "t.jsonl"), *VLLM)
     assert doc["finish_reasons"]["cancelled"] == 1 and doc["finish_reasons"]["length"] == 1
     server.wait_idle()
-    assert samples(server)[("contbatch:request_success_total", (("finished_reason", "cancelled"),))] == 1
+    assert samples(server)[("contbatch:request_cancelled_total", ())] == 1
 
 
 def test_overload_shows_as_rejected_requests(capsys: pytest.CaptureFixture[str], make_server: Any) -> None:
@@ -177,6 +181,7 @@ def test_overload_shows_as_rejected_requests(capsys: pytest.CaptureFixture[str],
             "4",
             "--output-len",
             "5",
+            *VLLM,
         ]
     )
     doc = json.loads(capsys.readouterr().out)
@@ -196,6 +201,8 @@ def test_overload_shows_as_rejected_requests(capsys: pytest.CaptureFixture[str],
         (["--trace", "seed"], "seconds"),
         (["--range-ratio", "1.5"], "--range-ratio"),
         (["--header", "nocolon"], "--header"),
+        (["--extra-body", "{nope"], "--extra-body"),
+        (["--extra-body", "[1]"], "--extra-body"),
     ],
 )
 def test_bench_refuses_bad_flags(capsys: pytest.CaptureFixture[str], argv: list[str], words: str) -> None:
@@ -222,3 +229,31 @@ def test_an_unreachable_endpoint_fails_every_request(capsys: pytest.CaptureFixtu
     )
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and doc["completed"] == 0 and doc["finish_reasons"]["error"] == 2
+
+
+def test_plain_openai_requests_by_default(capsys: pytest.CaptureFixture[str], server: RunningServer) -> None:
+    """No extension sent: the sim honours its end of sequence, so outputs are at most max_tokens;
+    the final usage gives the token counts, and they agree with the server's."""
+    doc = bench_json(capsys, server, "--num-prompts", "12", "--input-len", "8", "--output-len", "300")
+    server.wait_idle()
+    m = samples(server)
+    assert doc["completed"] == 12 and doc["extensions"] == []
+    assert all(1 <= n <= 300 for n in doc["output_lens"]) and min(doc["output_lens"]) < 300
+    assert doc["finish_reasons"]["stop"] >= 1
+    assert m[("contbatch:generation_tokens_total", ())] == doc["total_output_tokens"]
+    stop = m[("contbatch:request_success_total", (("finished_reason", "stop"),))]
+    length = m[("contbatch:request_success_total", (("finished_reason", "length"),))]
+    assert (stop, length) == (doc["finish_reasons"]["stop"], doc["finish_reasons"].get("length", 0))
+
+
+def test_a_trace_with_priorities_sends_them_only_when_asked(
+    capsys: pytest.CaptureFixture[str], server: RunningServer, tmp_path: Path
+) -> None:
+    trace = Trace("prio", (TraceRequest("a", 0.0, 4, 3, priority=1), TraceRequest("b", 0.0, 4, 3)), "s", "test")
+    write_jsonl(trace, tmp_path / "t.jsonl")
+    code = main(["bench", "--base-url", server.base_url, "--model", MODEL, "--disable-tqdm", "--json",
+                 "--trace", str(tmp_path / "t.jsonl")])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0 and "only with --priority" in captured.err
+    doc = bench_json(capsys, server, "--trace", str(tmp_path / "t.jsonl"), "--priority", "--extra-body", '{"seed": 3}')
+    assert doc["completed"] == 2 and doc["extensions"] == ["priority", "seed"]

@@ -172,6 +172,56 @@ def test_results_and_per_request_rows_are_written(tmp_path: Path) -> None:
     assert lines[0]["client_queue_time"] == 0.0 and lines[0]["token_ts"] == [0.1]
 
 
+def test_requests_are_plain_openai_unless_an_extension_is_asked_for() -> None:
+    spec = from_trace(Trace("t", (TraceRequest("a", 0.0, 3, 5, priority=2),), "s", "test"))[0]
+    plain = Target("http://h:1", "m").body(spec)
+    assert plain == {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+        "prompt": spec.prompt,
+        "max_tokens": 5,
+    }
+    chat = Target("http://h:1", "m", chat=True).body(spec)
+    assert chat["messages"] == [{"role": "user", "content": spec.prompt}] and chat["max_completion_tokens"] == 5
+    assert "max_tokens" not in chat and "prompt" not in chat
+    vllm = Target(
+        "http://h:1",
+        "m",
+        ignore_eos=True,
+        continuous_usage_stats=True,
+        send_priority=True,
+        extra_body={"min_tokens": 5, "temperature": 0.7},
+    )
+    body = vllm.body(spec)
+    assert body["ignore_eos"] is True and body["priority"] == 2 and body["min_tokens"] == 5
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["temperature"] == 0.7  # extra_body goes last
+    assert vllm.extensions == [
+        "ignore_eos",
+        "stream_options.continuous_usage_stats",
+        "priority",
+        "min_tokens",
+        "temperature",
+    ]
+    assert Target("http://h:1", "m").extensions == []
+
+
+def test_the_usage_of_a_finishing_chunk_counts_the_rest_of_the_tokens() -> None:
+    """transformers serve: text chunks without usage (some of several tokens), then the finish
+    chunk with the total usage."""
+    record = RequestRecord("r", 0.0, 3, 10)
+    times = iter([0.1, 0.2, 0.3])
+    stream = _Stream(record, lambda: next(times))
+    for line in [chunk("a"), chunk("bc"), chunk("", 5, "length")]:
+        assert not stream.on_line(line)
+    assert stream.on_line("data: [DONE]")
+    stream.close()
+    assert record.chunk_tokens == [1, 4] and record.num_output_tokens == 5
+    assert record.finish is FinishReason.LENGTH and record.num_prompt_tokens == 4
+
+
 def test_target_urls() -> None:
     assert Target("http://h:1/v1/", "m").url == "http://h:1/v1/completions"
     assert Target("http://h:1", "m", chat=True).url == "http://h:1/v1/chat/completions"

@@ -104,6 +104,8 @@ def test_bench_against_the_paced_sim_reproduces_simulate(
             str(tmp_path),
             "--result-filename",
             "bench.json",
+            "--ignore-eos",
+            "--continuous-usage-stats",
         ]
     )
     capsys.readouterr()

@@ -99,12 +99,13 @@ def test_spec_fields_from_config() -> None:
         ({"dtype": "int8"}, UnsupportedModel, "dtype 'int8'"),
         ({"quantization_config": {"quant_method": "gptq"}}, UnsupportedModel, "quantiz"),
         ({"partial_rotary_factor": 0.5}, UnsupportedModel, "partial_rotary_factor"),
-        ({"model_type": "mistral", "sliding_window": 1024}, UnsupportedModel, "sliding_window=1024"),
+        ({"model_type": "mistral", "sliding_window": 0}, CheckpointError, "'sliding_window'"),
         (
-            {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0},
-            UnsupportedModel,
-            "sliding_window=8",
+            {"model_type": "qwen2", "sliding_window": 8, "layer_types": ["sliding_attention"]},
+            CheckpointError,
+            "use_sliding_window",
         ),
+        ({"model_type": "qwen2", "layer_types": ["local"]}, CheckpointError, "'layer_types'"),
     ],
 )
 def test_bad_configs_are_named(change: dict, error: type[Exception], words: str) -> None:
@@ -114,11 +115,20 @@ def test_bad_configs_are_named(change: dict, error: type[Exception], words: str)
     assert words in str(info.value)
 
 
-def test_sliding_window_loads_when_max_model_len_fits_it() -> None:
-    raw = {**_base(), "model_type": "mistral", "sliding_window": 1024, "max_position_embeddings": 4096}
-    assert parse_config(raw, max_model_len=1024).max_model_len == 1024
-    qwen = {**_base(), "model_type": "qwen2", "use_sliding_window": False, "sliding_window": 8}
-    assert parse_config(qwen).max_model_len == 2048
+def test_sliding_windows_per_layer_as_transformers_reads_them() -> None:
+    """Mistral: every layer; Qwen2: with use_sliding_window, layers from max_window_layers on (or as
+    layer_types says); Llama: never; a window no shorter than max_model_len is dropped."""
+    three = {**_base(), "num_hidden_layers": 3, "max_position_embeddings": 4096}
+    mistral = {**three, "model_type": "mistral", "sliding_window": 1024}
+    assert parse_config(mistral).layer_windows == (1024, 1024, 1024)
+    assert parse_config(mistral, max_model_len=1024).layer_windows == ()
+    assert parse_config({**mistral, "sliding_window": None}).layer_windows == ()
+    qwen = {**three, "model_type": "qwen2", "sliding_window": 8, "max_window_layers": 1}
+    assert parse_config(qwen).layer_windows == ()  # use_sliding_window is false by default
+    assert parse_config({**qwen, "use_sliding_window": True}).layer_windows == (None, 8, 8)
+    types = ["sliding_attention", "full_attention", "sliding_attention"]
+    assert parse_config({**qwen, "use_sliding_window": True, "layer_types": types}).layer_windows == (8, None, 8)
+    assert parse_config({**three, "sliding_window": 8}).layer_windows == ()  # llama: no sliding window
     with pytest.raises(UnsupportedModel, match="max_model_len"):
         parse_config(_base(), max_model_len=10**6)
 
@@ -248,7 +258,7 @@ def test_one_registry_entry_adds_an_architecture(monkeypatch: pytest.MonkeyPatch
     """The recipe of docs/extending.md: a new model_type of the same decoder family is one entry."""
     with pytest.raises(UnsupportedModel, match="'toyllama'"):
         parse_config({**_base(), "model_type": "toyllama"})
-    toy = Architecture("LlamaForCausalLM", biases=lambda f: Biases(o=True), uses_sliding_window=lambda f, n: False)
+    toy = Architecture("LlamaForCausalLM", biases=lambda f: Biases(o=True), sliding_windows=lambda f, n: (None,) * n)
     monkeypatch.setitem(ARCHITECTURES, "toyllama", toy)
     spec = parse_config({**_base(), "model_type": "toyllama", "sliding_window": 4})  # the window never applies
     assert spec.o_bias and not spec.qkv_bias and spec.max_model_len == 2048

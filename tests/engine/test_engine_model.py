@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from contbatch.core.outputs import ScheduledChunk
+from contbatch.engine.attention import ChunkLayout, build_metadata
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.runner import ModelRunner, SequenceState
@@ -92,8 +93,9 @@ def test_prefill_chunks_and_decodes_match_transformers(hf_checkpoint, variant: s
 
 
 def test_dynamic_rope_beyond_max_positions_matches_transformers(hf_checkpoint) -> None:
-    """Past max_position_embeddings dynamic NTK rescales by the sequence length, as transformers does
-    when it sees the whole sequence in one forward."""
+    """Past max_position_embeddings dynamic NTK rescales by the prompt's length, as transformers does
+    when it sees the whole prompt in one forward (the model reads it from the chunk's layout;
+    tests/engine/test_engine_fidelity_attention.py covers chunking and decodes)."""
     ckpt = hf_checkpoint(
         "llama", max_position_embeddings=32, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
     )
@@ -101,8 +103,9 @@ def test_dynamic_rope_beyond_max_positions_matches_transformers(hf_checkpoint) -
     ref = ckpt.logits(tokens)
     runner = _runner(ckpt.path)
     assert runner.spec.max_model_len == 64
-    seq = SequenceState(tokens, list(range(13)))
-    _, logits = runner.compute_logits([ScheduledChunk("r", 0, 50, True, True)], {"r": seq})
+    layout = ChunkLayout(0, 50, 0, list(range(13)), num_prompt_tokens=50)
+    meta = build_metadata([layout], [49], block_size=4, device=torch.device("cpu"))
+    logits = runner.model.forward(torch.tensor(tokens), torch.arange(50), meta, runner.kv_cache)
     torch.testing.assert_close(logits[0], ref[49], atol=ATOL, rtol=0)
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -59,17 +58,6 @@ def test_encode_decode_match_transformers(tok_dir: Path, hf_tok) -> None:
         assert tok.encode(text, add_special_tokens=False) == hf_tok(text, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids) == hf_tok.decode(ids, skip_special_tokens=True) == text
         assert tok.decode(ids, skip_special_tokens=False) == hf_tok.decode(ids)
-
-
-def test_add_bos_flag_rebuilds_the_post_processor(tok_dir: Path, tmp_path: Path) -> None:
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (tmp_path / name).write_bytes((tok_dir / name).read_bytes())
-    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    config.update(add_bos_token=False, add_eos_token=True)
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    tok = Tokenizer.from_dir(tmp_path)
-    ids = tok.encode("abc")
-    assert ids[0] != tok.bos_token_id and ids[-1] == tok.eos_token_id
 
 
 @pytest.mark.parametrize("template", [CHAT_TEMPLATE, RICH_TEMPLATE])

@@ -136,7 +136,7 @@ def test_observers_see_every_step_and_every_tracked_finish() -> None:
         def on_step(self, record: StepRecord) -> None:
             self.steps.append(record)
 
-        def on_finished(self, request: object) -> None:
+        def on_finished(self, request: object, final: object = None) -> None:
             self.finished.append(request.request_id)  # type: ignore[attr-defined]
 
     log = Log()

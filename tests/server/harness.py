@@ -77,12 +77,21 @@ def start_server(
     backend: Any = None,
 ) -> RunningServer:
     client = DriverClient(backend if backend is not None else sim_backend(cost, overrides))
-    app = create_app(client, server_config or ServerConfig(shutdown_grace_s=1.0))
+    # the tests' clients name their tenants with X-Tenant (the server's default ignores it)
+    app = create_app(client, server_config or ServerConfig(shutdown_grace_s=1.0, trust_tenant_header=True))
+    return start_app(app)
+
+
+def start_app(app: Any, **uvicorn_options: Any) -> RunningServer:
+    """Serve a ready app (`create_app`'s, or `contbatch serve`'s `build_app`) on a free port, with
+    `uvicorn_options` (`contbatch.cli.serve_cmd.uvicorn_options` gives `contbatch serve`'s)."""
+    client = app.state.client
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
+    options = {"log_level": "warning", "lifespan": "on", "timeout_graceful_shutdown": 2, **uvicorn_options}
+    server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -63,8 +63,8 @@ class FakeBackend:
     def tokenize(self, text: str) -> tuple[int, ...]:
         return tuple(range(len(text.split())))
 
-    def chat_prompt(self, messages: Sequence[Any]) -> str:
-        return ""
+    def chat_prompt_ids(self, messages: Sequence[Any]) -> tuple[int, ...]:
+        return ()
 
     def idle(self) -> None:
         pass

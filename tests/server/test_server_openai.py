@@ -130,7 +130,7 @@ def test_priority_and_tenant_reach_the_scheduler(server: RunningServer) -> None:
     seen: dict[str, Any] = {}
 
     class Spy(StepObserver):
-        def on_finished(self, request: Any) -> None:
+        def on_finished(self, request: Any, final: object = None) -> None:
             seen["tenant"], seen["priority"] = request.tenant, request.priority
 
     server.client.driver.core.observers.append(Spy())

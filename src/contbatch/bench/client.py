@@ -1,5 +1,14 @@
 """One streaming request to an OpenAI-compatible endpoint, and the client-side record of it.
 
+What is sent (`Target.body`): the OpenAI fields ``model``, ``stream`` (true), ``stream_options``
+with ``include_usage``, ``temperature`` (0), and ``prompt`` + ``max_tokens`` (completions) or
+``messages`` + ``max_completion_tokens`` (chat). Extensions are sent only when asked, so any
+OpenAI-compatible server takes the request (a strict one, such as ``transformers serve``, answers
+422 to a field it does not know): ``ignore_eos`` (vLLM: force the output length),
+``stream_options.continuous_usage_stats`` (vLLM: usage in every chunk, for exact token counts
+per chunk), ``priority`` (vLLM: the trace's priority), and any ``extra_body`` fields. A trace's
+tenant goes in the ``X-Tenant`` header (contbatch's; other servers ignore unknown headers).
+
 The record holds what the client observed, on the run's clock (`time.monotonic()` seconds from
 the run start): the scheduled send time, the actual send time, each chunk's arrival with its
 token count, and the end. `RequestRecord.timeline()` turns it into a
@@ -8,8 +17,10 @@ measured from when the request should have been sent: no coordinated omission) a
 SCHEDULED event is the actual send (so the metrics' queue time is the client's own queue time).
 
 Token counts per chunk: the difference of ``usage.completion_tokens`` between chunks when the
-server sends usage in every chunk (``stream_options.continuous_usage_stats``), else one token
-per chunk with text; a final usage larger than what was counted adds the rest to the last chunk.
+server sends usage in every chunk (``continuous_usage_stats``), else one token per chunk with
+text; the last usage the server reports (a usage-only chunk, or the usage of the finishing
+chunk) is the request's output length: what it holds beyond the tokens counted goes to the last
+chunk with text.
 
 How a request ends, as a finish reason: ``length``/``stop`` from the stream; HTTP 429 is
 REJECTED; HTTP 504 or an error chunk of type ``timeout_error`` is TIMEOUT; a client-side
@@ -21,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +51,10 @@ class Target:
     model: str
     chat: bool = False  # /v1/chat/completions instead of /v1/completions
     headers: tuple[tuple[str, str], ...] = ()
+    ignore_eos: bool = False  # vLLM's ignore_eos: every request runs to its max_tokens
+    continuous_usage_stats: bool = False  # vLLM's stream_options.continuous_usage_stats
+    send_priority: bool = False  # vLLM's priority, from the trace
+    extra_body: Mapping[str, Any] = field(default_factory=dict)  # merged into every body, last
 
     @property
     def root(self) -> str:
@@ -53,12 +68,28 @@ class Target:
     def models_url(self) -> str:
         return self.root + "/v1/models"
 
+    @property
+    def extensions(self) -> list[str]:
+        """The non-OpenAI request fields this target sends (a priority only for requests that have one)."""
+        names = [
+            name
+            for name, on in (
+                ("ignore_eos", self.ignore_eos),
+                ("stream_options.continuous_usage_stats", self.continuous_usage_stats),
+                ("priority", self.send_priority),
+            )
+            if on
+        ]
+        return names + sorted(self.extra_body)
+
     def body(self, spec: BenchRequest) -> dict[str, Any]:
+        stream_options: dict[str, Any] = {"include_usage": True}
+        if self.continuous_usage_stats:
+            stream_options["continuous_usage_stats"] = True
         body: dict[str, Any] = {
             "model": self.model,
             "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "ignore_eos": True,
+            "stream_options": stream_options,
             "temperature": 0.0,
         }
         if self.chat:
@@ -67,8 +98,11 @@ class Target:
         else:
             body["prompt"] = spec.prompt
             body["max_tokens"] = spec.max_tokens
-        if spec.priority:
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        if self.send_priority and spec.priority:
             body["priority"] = spec.priority
+        body.update(self.extra_body)
         return body
 
 
@@ -134,8 +168,8 @@ class _Stream:
             self._on_choice(choices[0], usage, now)
         if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
             self.record.num_prompt_tokens = int(usage["prompt_tokens"])
-        if isinstance(usage, dict) and usage.get("completion_tokens") is not None and not choices:
-            self.record.usage_completion_tokens = int(usage["completion_tokens"])
+        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+            self.record.usage_completion_tokens = int(usage["completion_tokens"])  # the latest is the total
         return False
 
     def _on_choice(self, choice: dict[str, Any], usage: Any, now: float) -> None:

@@ -3,8 +3,9 @@
 A workload comes from a trace (`contbatch.traces.load_trace`: a built-in or a file, replayed at
 its own arrival times or rescaled to ``--request-rate``) or is synthetic
 (`contbatch.traces.synthetic`: Poisson arrivals at ``--request-rate``, gamma arrivals with
-``--burstiness``, every request at once for an infinite rate). Output lengths are forced:
-``max_tokens`` = the trace's output length with ``ignore_eos``.
+``--burstiness``, every request at once for an infinite rate). ``max_tokens`` is the trace's
+output length: the output is exactly that long when the server is told to ignore the end of
+sequence (``--ignore-eos``, a vLLM extension), at most that long otherwise.
 
 Prompts are built from short common English words (at most 4 bytes each), one word per prompt
 token: most BPE tokenizers give one token per such word, and the sim backend's counting rule
@@ -37,7 +38,7 @@ class BenchRequest:
     send_offset_s: float  # scheduled send time, seconds after the run starts
     prompt: str
     num_prompt_tokens: int  # intended; the server's usage says what it counted
-    max_tokens: int  # forced output length (with ignore_eos)
+    max_tokens: int  # the trace's output length (exact with ignore_eos, else at most)
     priority: int = 0
     tenant: str | None = None
     cancel_offset_s: float | None = None  # the client disconnects at this time, unless done

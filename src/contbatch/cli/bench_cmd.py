@@ -4,7 +4,15 @@ The workload is ``--trace`` (a built-in or a file, at its own arrival times, or 
 ``--request-rate``) or synthetic: ``--num-prompts`` requests with Poisson arrivals at
 ``--request-rate`` (``inf``, the default: all at once) or gamma arrivals with ``--burstiness``,
 prompts of ``--input-len`` and outputs of ``--output-len`` tokens (``--range-ratio`` spreads
-them uniformly). Output lengths are forced with ``max_tokens`` and ``ignore_eos``.
+them uniformly). Each request's ``max_tokens`` is its output length: exact with ``--ignore-eos``,
+at most that otherwise.
+
+Requests are plain OpenAI (streaming, ``stream_options.include_usage``, temperature 0), so any
+OpenAI-compatible server takes them. Server extensions are sent only when asked: ``--ignore-eos``
+(vLLM's ``ignore_eos``: outputs run to ``max_tokens``), ``--continuous-usage-stats`` (vLLM's
+``stream_options.continuous_usage_stats``: exact token counts per chunk), ``--priority`` (vLLM's
+``priority``, from the trace), ``--extra-body JSON`` (any fields). Against ``contbatch serve`` or
+vLLM, ``--ignore-eos --continuous-usage-stats`` reproduces a trace's lengths and per-chunk timing.
 
 Results: a table on stdout (``--json``: the JSON document), and with ``--save-result`` the JSON
 document in ``--result-dir`` (``--result-filename``, default a dated name) plus per-request JSONL
@@ -23,9 +31,12 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contbatch.cli.options import UsageError
+
+if TYPE_CHECKING:
+    from contbatch.bench.client import Target
 
 
 def add_bench_parser(commands: Any) -> None:
@@ -53,6 +64,32 @@ def add_bench_parser(commands: Any) -> None:
     bench.add_argument("--goodput", nargs="+", default=[], metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
     bench.add_argument("--timeout", type=float, default=600.0, metavar="S", help="per-request read timeout")
     bench.add_argument("--header", action="append", default=[], metavar="K:V", help="extra HTTP header")
+    ext = bench.add_argument_group(
+        "server extensions",
+        "Requests are plain OpenAI by default; these add fields that only some servers accept (a strict "
+        "OpenAI-compatible server, e.g. `transformers serve`, refuses an unknown field with HTTP 422).",
+    )
+    ext.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="send vLLM's `ignore_eos: true`: every output runs to its max_tokens (contbatch serve, vLLM, SGLang)",
+    )
+    ext.add_argument(
+        "--continuous-usage-stats",
+        action="store_true",
+        help="send vLLM's `stream_options.continuous_usage_stats: true`: usage in every chunk, so tokens per chunk "
+        "are counted exactly (default: one token per chunk with text, the final usage adding the rest)",
+    )
+    ext.add_argument(
+        "--priority",
+        action="store_true",
+        help="send each request's trace priority as vLLM's `priority` field (with a priority scheduler)",
+    )
+    ext.add_argument(
+        "--extra-body",
+        metavar="JSON",
+        help="a JSON object merged into every request body, last (e.g. '{\"min_tokens\": 16}')",
+    )
     bench.add_argument("--save-result", action="store_true", help="write the JSON results and per-request JSONL")
     bench.add_argument("--result-dir", type=Path, default=Path("."))
     bench.add_argument("--result-filename", help="default: contbatch-bench-<model>-<date>.json")
@@ -115,8 +152,34 @@ def _headers(items: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def run_bench_command(args: argparse.Namespace) -> int:
+def _extra_body(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--extra-body: not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--extra-body: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _target(args: argparse.Namespace) -> Target:
     from contbatch.bench.client import Target
+
+    return Target(
+        args.base_url,
+        args.model,
+        chat=args.endpoint == "chat",
+        headers=_headers(args.header),
+        ignore_eos=args.ignore_eos,
+        continuous_usage_stats=args.continuous_usage_stats,
+        send_priority=args.priority,
+        extra_body=_extra_body(args.extra_body),
+    )
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
     from contbatch.bench.report import (
         BenchError,
         parse_goodput,
@@ -131,10 +194,12 @@ def run_bench_command(args: argparse.Namespace) -> int:
         _check(args)
         slo = parse_goodput(args.goodput) if args.goodput else None
         trace, requests = _workload(args)
-        target = Target(args.base_url, args.model, chat=args.endpoint == "chat", headers=_headers(args.header))
+        target = _target(args)
     except (UsageError, BenchError) as exc:
         print(f"contbatch bench: error: {exc}", file=sys.stderr)
         return 2
+    if not target.send_priority and any(r.priority for r in requests):
+        print("contbatch bench: note: the trace has priorities; they are sent only with --priority", file=sys.stderr)
     config = RunConfig(max_concurrency=args.max_concurrency, timeout_s=args.timeout, progress=not args.disable_tqdm)
     started = time.time()
     records = asyncio.run(run(requests, target, config))
@@ -151,6 +216,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         "max_concurrency": args.max_concurrency,
         "warmup_s": args.warmup,
         "cooldown_s": args.cooldown,
+        "extensions": target.extensions,
     }
     try:
         doc = summarize_records(records, warmup_s=args.warmup, cooldown_s=args.cooldown, slo=slo, run_info=info)

@@ -4,7 +4,9 @@ replicas a rate needs.
 Without `--rate`: bisection over the trace scaled to other rates (`contbatch.sim.capacity`),
 printing the rate found and the curve of every rate tried (SLO attainment, goodput, TTFT and
 TPOT percentiles). With `--rate R`: the fewest replicas (behind a `--routing` router) meeting
-the target at R. `--plot DIR` draws the curve; `--json` prints it as JSON.
+the target at R. `--plot DIR` draws the curve; `--json` prints it as JSON. With `--rate R` and
+`--kind PRICE:COST` or `--disagg`: the cheapest fleet meeting the target at R, over homogeneous,
+heterogeneous and prefill/decode fleets (`contbatch.cli.capacity_fleet`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from contbatch.cli.capacity_fleet import add_fleet_flags, check_fleet_flags, run_fleet_plan, wants_fleet_plan
 from contbatch.cli.options import RunOptions, UsageError, add_run_flags, resolve
 from contbatch.core import make_scheduler
 from contbatch.metrics import format_number
 from contbatch.sim.capacity import CapacityPoint, Planner, find_capacity, replicas_needed
-from contbatch.sim.pool import ROUTINGS
 
 # (column, summary key; "{unit}" is the latency suffix: ms or ticks)
 COLUMNS = (
@@ -45,7 +47,7 @@ def add_capacity_parser(commands: Any) -> None:
     capacity.add_argument("--target", type=float, default=0.9, help="SLO attainment to reach (default 0.9)")
     capacity.add_argument("--rate", type=float, help="find the replicas this rate needs (requests per time unit)")
     capacity.add_argument("--replicas", type=int, default=1, help="pool size for the rate search (default 1)")
-    capacity.add_argument("--routing", choices=ROUTINGS, default="least_outstanding", help="replica routing")
+    add_fleet_flags(capacity)
     add_run_flags(capacity)
 
 
@@ -58,6 +60,7 @@ def _checked(args: argparse.Namespace, opts: RunOptions) -> None:
         raise UsageError(f"--replicas must be >= 1, got {args.replicas}")
     if args.rate is not None and not args.rate > 0:
         raise UsageError(f"--rate must be > 0, got {args.rate}")
+    check_fleet_flags(args)
     if len(opts.trace) < 2 or opts.trace.requests[0].arrival_ts == opts.trace.requests[-1].arrival_ts:
         raise UsageError(f"--trace {opts.trace.name}: needs arrivals spread in time to be scaled to other rates")
 
@@ -66,6 +69,8 @@ def run_capacity_command(args: argparse.Namespace) -> int:
     try:
         opts = resolve(args, (args.scheduler,))
         _checked(args, opts)
+        if wants_fleet_plan(args):
+            return run_fleet_plan(args, opts)
     except UsageError as exc:
         print(f"contbatch capacity: error: {exc}", file=sys.stderr)
         return 2

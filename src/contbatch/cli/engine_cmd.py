@@ -90,7 +90,7 @@ def run_generate_command(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"contbatch generate: cannot load the model: {exc}", file=sys.stderr)
         return 2
-    prompts = [_chat(llm, p) if args.chat else p for p in args.prompts]
+    prompts: list[str | list[int]] = [_chat(llm, p) if args.chat else p for p in args.prompts]
     start = time.monotonic()
     outputs = llm.generate(prompts, params)
     elapsed = time.monotonic() - start
@@ -104,11 +104,10 @@ def run_generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat(llm: Any, prompt: str) -> str:
-    rendered: str = llm.engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True
-    )
-    return rendered
+def _chat(llm: Any, prompt: str) -> list[int]:
+    """The chat prompt's token ids, as transformers' apply_chat_template(tokenize=True) gives them."""
+    ids: list[int] = llm.engine.tokenizer.chat_prompt_ids([{"role": "user", "content": prompt}])
+    return ids
 
 
 def run_run_command(args: argparse.Namespace) -> int:

@@ -5,8 +5,21 @@ real time; ``--backend engine`` runs the real engine on the checkpoint directory
 The scheduler config is ``--preset`` (default ``engine``) plus ``--set KEY=VALUE`` overrides,
 mapped exactly as for ``simulate`` (`contbatch.cli.options`). On top of the preset the server
 sets its own defaults, which ``--set`` overrides: ``lifecycle.output_credits=256`` (a client
-that stops reading pauses its request instead of having its output buffered without bound) and
-``lifecycle.max_waiting=1024`` (a full queue answers 429).
+that stops reading pauses its request instead of having its output buffered without bound),
+``lifecycle.max_pause=2`` (a request paused that long gives up its seat and KV memory, by
+preemption, as soon as another request waits for them: a client that never reads cannot hold a
+seat) and ``lifecycle.max_waiting=1024`` (a full queue answers 429). A client that stops reading
+is noticed once what the server wrote is stuck in the connection's buffers: ``--send-buffer``
+(64 KiB) caps the kernel's send buffer of each connection, and asyncio's at a quarter of it
+(without it Linux grows it to 4 MB, some 17,000 streamed tokens, before the request even pauses).
+
+Admission and access (`contbatch.server.admission`, `contbatch.server.auth`): ``--api-key`` and
+``--api-keys-file`` require a key on the ``/v1/`` routes and map each key to a tenant, a priority
+and quotas; ``--trust-tenant-header`` honours ``X-Tenant``; ``--body-timeout`` (30 s) answers 408
+to a body that has not arrived by then and ``--header-timeout`` (20 s) closes a connection whose
+request head has not (`contbatch.server.connections`); ``--limit-concurrency`` (2048) caps open
+connections (uvicorn answers 503 beyond it); ``--tokenizer-workers`` (2) and ``--tokenizer-queue`` (64) bound
+the tokenization of long prompts (503 beyond).
 
 Bad flags exit 2 with one line on stderr, as for the other commands.
 """
@@ -22,7 +35,13 @@ from contbatch.core import SCHEDULERS
 from contbatch.core.config import PRESETS
 from contbatch.sim.cost import cost_help
 
-SERVER_DEFAULTS: tuple[str, ...] = ("lifecycle.output_credits=256", "lifecycle.max_waiting=1024")
+SERVER_DEFAULTS: tuple[str, ...] = (
+    "lifecycle.output_credits=256",
+    "lifecycle.max_pause=2",
+    "lifecycle.max_waiting=1024",
+)
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+DEFAULT_SEND_BUFFER = 64 << 10  # bytes; see the module docstring
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -59,10 +78,118 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
     serve.add_argument("--default-max-tokens", type=int, default=1024, help="chat requests that give no limit")
     serve.add_argument("--shutdown-grace", type=float, default=5.0, metavar="S", help="in-flight time at shutdown")
+    _add_access_flags(serve)
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve.add_argument(
         "--access-log", action="store_true", help="log every HTTP request (off: it costs CPU under load)"
     )
+
+
+def _add_access_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require this key (Authorization: Bearer KEY) on the /v1/ routes; repeatable",
+    )
+    serve.add_argument(
+        "--api-keys-file",
+        metavar="PATH",
+        help="JSON or YAML: key -> {tenant, priority, max_concurrent, rate, burst} (see docs/server.md)",
+    )
+    serve.add_argument(
+        "--trust-tenant-header",
+        action="store_true",
+        help="honour X-Tenant (else a request's tenant is its API key's, or none)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a request body not in by then: 408 (0: none; default %(default)g)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="close a connection whose request head is not in by then (slow loris; 0: none; default %(default)g)",
+    )
+    serve.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="open connections at most (0: no limit; default %(default)s)",
+    )
+    serve.add_argument(
+        "--send-buffer",
+        type=int,
+        default=DEFAULT_SEND_BUFFER,
+        metavar="BYTES",
+        help="kernel send buffer of each connection (0: the OS's autotuning, megabytes; default %(default)s)",
+    )
+    serve.add_argument(
+        "--tokenizer-workers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="threads tokenizing long prompts (default %(default)s)",
+    )
+    serve.add_argument(
+        "--tokenizer-queue",
+        type=int,
+        default=64,
+        metavar="N",
+        help="long prompts admitted to them at once (503 beyond; default %(default)s)",
+    )
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if args.scheduler not in SCHEDULERS:
+        raise UsageError(f"--scheduler: unknown {args.scheduler!r}; known: {', '.join(SCHEDULERS)}")
+    positive = (
+        ("--max-body-bytes", args.max_body_bytes),
+        ("--default-max-tokens", args.default_max_tokens),
+        ("--tokenizer-workers", args.tokenizer_workers),
+        ("--tokenizer-queue", args.tokenizer_queue),
+    )
+    for flag, value in positive:
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    for flag, number in (
+        ("--shutdown-grace", args.shutdown_grace),
+        ("--body-timeout", args.body_timeout),
+        ("--header-timeout", args.header_timeout),
+        ("--limit-concurrency", args.limit_concurrency),
+        ("--send-buffer", args.send_buffer),
+    ):
+        if not number >= 0:
+            raise UsageError(f"{flag} must be >= 0, got {number}")
+    if args.kv_cache_memory is not None and not args.kv_cache_memory > 0:
+        raise UsageError(f"--kv-cache-memory must be > 0 MiB, got {args.kv_cache_memory}")
+
+
+def api_keys(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The keys of --api-key and --api-keys-file (the file's policy wins for a key in both);
+    None when neither is given."""
+    from contbatch.server.auth import KeyPolicy, check_key, load_keys_file
+
+    keys: dict[str, KeyPolicy] = {}
+    for key in args.api_keys:
+        try:
+            keys[check_key(key)] = KeyPolicy()
+        except ValueError as exc:
+            raise UsageError(f"--api-key: {exc}") from None
+    if args.api_keys_file is not None:
+        try:
+            keys.update(load_keys_file(args.api_keys_file))
+        except ValueError as exc:
+            raise UsageError(f"--api-keys-file: {exc}") from None
+    return keys or None
 
 
 def build_app(args: argparse.Namespace) -> Any:
@@ -73,15 +200,8 @@ def build_app(args: argparse.Namespace) -> Any:
     from contbatch.server.serving import ServerConfig
     from contbatch.sim.cost import AffineCost
 
-    if args.scheduler not in SCHEDULERS:
-        raise UsageError(f"--scheduler: unknown {args.scheduler!r}; known: {', '.join(SCHEDULERS)}")
-    for flag, value in (("--max-body-bytes", args.max_body_bytes), ("--default-max-tokens", args.default_max_tokens)):
-        if value < 1:
-            raise UsageError(f"{flag} must be >= 1, got {value}")
-    if args.shutdown_grace < 0:
-        raise UsageError(f"--shutdown-grace must be >= 0, got {args.shutdown_grace}")
-    if args.kv_cache_memory is not None and not args.kv_cache_memory > 0:
-        raise UsageError(f"--kv-cache-memory must be > 0 MiB, got {args.kv_cache_memory}")
+    _check_flags(args)
+    keys = api_keys(args)
     cost = cost_model(args.cost) if args.backend == "sim" else None
     overrides = [*SERVER_DEFAULTS, *args.overrides]
     config = scheduler_config(args.preset, cost if cost is not None else AffineCost(), overrides)
@@ -95,8 +215,23 @@ def build_app(args: argparse.Namespace) -> Any:
         max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.default_max_tokens,
         shutdown_grace_s=args.shutdown_grace,
+        body_timeout_s=args.body_timeout or None,
+        tokenizer_workers=args.tokenizer_workers,
+        tokenizer_queue=args.tokenizer_queue,
+        trust_tenant_header=args.trust_tenant_header,
+        api_keys=keys,
     )
     return create_app(DriverClient(backend, scheduler=args.scheduler), server_config)
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The connection limits of the flags, as `uvicorn.Config` options (`contbatch.server.connections`)."""
+    from contbatch.server.connections import limited_protocol
+
+    return {
+        "limit_concurrency": args.limit_concurrency or None,
+        "http": limited_protocol(args.header_timeout, args.send_buffer),
+    }
 
 
 def run_serve_command(args: argparse.Namespace) -> int:
@@ -107,6 +242,11 @@ def run_serve_command(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
+    if app.state.config.api_keys is None and args.host not in LOCAL_HOSTS:
+        print(
+            f"contbatch serve: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
+            file=sys.stderr,
+        )
     uvicorn.run(
         app,
         host=args.host,
@@ -114,5 +254,6 @@ def run_serve_command(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=max(1, round(args.shutdown_grace)),
+        **uvicorn_options(args),
     )
     return 0

@@ -141,8 +141,11 @@ class Admission(SchedulerBase):
     def _try_admit(self, request: Request, step: StepBuilder) -> bool:
         start = request.num_computed_tokens
         first_admission = start == 0 and request.num_preemptions == 0
-        if self.memory is not None and first_admission:
-            request.num_computed_tokens = self.memory.prefix_hit_tokens(request)
+        hits = 0
+        if first_admission:
+            hits = self.memory.prefix_hit_tokens(request) if self.memory is not None else 0
+            # external KV (a KV transfer) counts as computed, as a prefix hit does; one token is left to sample from
+            request.num_computed_tokens = max(hits, min(request.num_external_tokens, request.num_prompt_tokens - 1))
         chunk = self._plan(request, step)
         swapped_in = None if chunk is None else self._admission_memory(request, chunk, step)
         if chunk is None or swapped_in is None:
@@ -150,7 +153,7 @@ class Admission(SchedulerBase):
             return False
         if first_admission and self.memory is not None and self.memory.config.enable_prefix_caching:
             self.stats.num_prefix_query_tokens += request.num_prompt_tokens
-            self.stats.num_prefix_hit_tokens += request.num_computed_tokens
+            self.stats.num_prefix_hit_tokens += hits
         if swapped_in:
             step.swapped_in.append((request.request_id, swapped_in))
         else:

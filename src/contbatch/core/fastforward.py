@@ -107,8 +107,8 @@ class FastForward:
         seat with `num_running` running, its prompt in `budget` tokens as one chunk, its first
         blocks out of `free_blocks` above the watermark, none when it would run `alone`); None
         when it would not be admitted so."""
-        if num_running >= self._seats:
-            return None
+        if num_running >= self._seats or request.num_external_tokens:
+            return None  # (external KV: its first chunk is not its whole prompt; the scheduler decides)
         prompt = request.num_prompt_tokens
         chunk = self._plan(request, budget)
         if chunk is None or chunk.num_new_tokens != prompt:

@@ -151,6 +151,17 @@ def build_output(
     )
 
 
+class TokenLogprobs(NamedTuple):
+    """One token's log-probability under the model's raw distribution at its position (natural
+    log, log-softmax of the logits before any sampling rule), its rank there (1 = the most
+    likely) and the most likely (token id, log-probability) pairs, most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class StepResult:
     # request id -> token ids sampled this step; keys == ids of the step's sampling chunks
@@ -162,4 +173,31 @@ class StepResult:
         for name in ("sampled_token_ids", "finished"):
             value = getattr(self, name)
             if not isinstance(value, MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(value)))
+
+    # Log-probabilities, when a request asked for them: a `LogprobsResult` (the engine's) carries
+    # them; a plain result (every simulator step) has none and pays nothing for them.
+    @property
+    def logprobs(self) -> Mapping[str, tuple[TokenLogprobs, ...]] | None:
+        return None
+
+    @property
+    def prompt_logprobs(self) -> Mapping[str, tuple[TokenLogprobs | None, ...]] | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobsResult(StepResult):
+    """A `StepResult` with log-probabilities. logprobs: request id -> one entry per token of
+    sampled_token_ids[id], in order. prompt_logprobs: request id -> one entry per prompt token
+    (None for the first), given once, in the step that samples the request's first token."""
+
+    logprobs: Mapping[str, tuple[TokenLogprobs, ...]] | None = None
+    prompt_logprobs: Mapping[str, tuple[TokenLogprobs | None, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        StepResult.__post_init__(self)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, MappingProxyType):
                 object.__setattr__(self, name, MappingProxyType(dict(value)))

@@ -15,7 +15,11 @@ whom. Chosen by name (`SchedulerConfig.queue_order`):
 - `fair`: virtual token counters per tenant (VTC, Sheng et al., OSDI 2024): a tenant is charged
   for its prompt tokens at admission and each output token, divided by its weight; the next
   candidate is the head of the backlogged tenant with the smallest counter. A tenant that
-  becomes backlogged starts no lower than the smallest counter of the backlogged tenants.
+  becomes backlogged starts no lower than the smallest counter of the backlogged tenants (nor,
+  when nobody is backlogged, than the virtual time: the smallest backlogged counter when a tenant
+  last stopped being backlogged). Memory and per-step cost follow the backlogged tenants, plus
+  the counters of at most `FairQueue.IDLE_MEMORY` recently charged idle tenants; a forgotten
+  tenant comes back at the virtual time (see `FairQueue`).
 
 Registry: `QUEUE_ORDERS` maps each name to a `QueueOrder` (a factory taking `QueueOptions`, and a
 one-line help). `SchedulerConfig` accepts exactly its names and `make_queue` builds from it, so
@@ -31,8 +35,9 @@ Invariant: a request id appears at most once; `candidates` never yields a reques
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
-from collections import deque
+from collections import ChainMap, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -117,47 +122,93 @@ class KeyedQueue(WaitingQueue):
 
 
 class FairQueue(WaitingQueue):
-    """Per-tenant FIFO queues served by smallest virtual token counter."""
+    """Per-tenant FIFO queues served by smallest virtual token counter (VTC); state for the active
+    tenants only.
 
-    __slots__ = ("_counters", "_queues", "_weights")
+    What it keeps: the backlogged tenants (a FIFO and a counter each, and a lazy min-heap of their
+    counters), the counters of at most `idle_memory` tenants that are not backlogged, least
+    recently charged or drained forgotten first (so a tenant's running requests keep being
+    charged while it has nothing waiting), and the virtual time `vtime`: the smallest backlogged
+    counter when a tenant last stopped being backlogged (never decreasing). A tenant without a
+    counter (never seen, or forgotten) counts as being at `vtime`.
+
+    A tenant that becomes backlogged starts at max(its counter, the smallest backlogged counter,
+    or `vtime` when nobody is backlogged): no credit for time spent idle, and no lower than any
+    backlogged tenant. Costs: `push` and `charge` O(log B) amortized (B backlogged tenants),
+    `candidates` a copy of the heap (O(B), at C speed) plus O(log B) per request offered; none
+    grows with the number of tenants ever seen."""
+
+    __slots__ = (
+        "_backlog",
+        "_counters",
+        "_heap",
+        "_idle",
+        "_idle_memory",
+        "_order",
+        "_seq",
+        "_size",
+        "_vtime",
+        "_weights",
+    )
 
     charges_service: ClassVar[bool] = True  # output tokens raise the tenant's counter
+    IDLE_MEMORY: ClassVar[int] = 1024  # counters kept for tenants with nothing waiting
 
-    def __init__(self, weights: Mapping[str, float]) -> None:
+    def __init__(self, weights: Mapping[str, float], *, idle_memory: int = IDLE_MEMORY) -> None:
         super().__init__()
+        if idle_memory < 0:
+            raise ValueError(f"idle_memory must be >= 0, got {idle_memory}")
         self._weights = dict(weights)
-        self._queues: dict[str | None, deque[Request]] = {}
-        self._counters: dict[str | None, float] = {}
+        self._idle_memory = idle_memory
+        self._backlog: dict[str | None, deque[Request]] = {}  # backlogged tenants only (non-empty)
+        self._counters: dict[str | None, float] = {}  # the backlogged tenants' counters
+        self._order: dict[str | None, int] = {}  # a backlogged tenant's episode (heap entries' tie-break)
+        self._heap: list[tuple[float, str, int, str | None]] = []  # (counter, name, episode, tenant), lazy
+        self._idle: dict[str | None, float] = {}  # not backlogged: least recently touched first
+        self._seq = itertools.count()
+        self._size = 0
+        self._vtime = 0.0
 
     @property
     def counters(self) -> Mapping[str | None, float]:
-        return self._counters
+        """The counters it keeps: the backlogged tenants' and the remembered idle ones'."""
+        return ChainMap(self._counters, self._idle)
+
+    @property
+    def vtime(self) -> float:
+        return self._vtime
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return self._size
 
     def __bool__(self) -> bool:
-        return any(self._queues.values())
+        return self._size > 0
 
     def __iter__(self) -> Iterator[Request]:
-        return itertools.chain.from_iterable(self._queues.values())
+        return itertools.chain.from_iterable(self._backlog.values())
 
     def _weight(self, tenant: str | None) -> float:
         return self._weights.get(tenant or "", 1.0)
 
     def push(self, request: Request) -> None:
-        self._enqueue(request).append(request)
+        self._enqueue(request.tenant).append(request)
+        self._size += 1
 
     def push_front(self, request: Request) -> None:
-        self._enqueue(request).appendleft(request)
+        self._enqueue(request.tenant).appendleft(request)
+        self._size += 1
 
-    def _enqueue(self, request: Request) -> deque[Request]:
-        tenant = request.tenant
-        queue = self._queues.setdefault(tenant, deque())
-        if not queue:  # becoming backlogged: no credit for time spent idle
-            backlogged = [self._counters.get(t, 0.0) for t, q in self._queues.items() if q and t != tenant]
-            floor = min(backlogged) if backlogged else 0.0
-            self._counters[tenant] = max(self._counters.get(tenant, 0.0), floor)
+    def _enqueue(self, tenant: str | None) -> deque[Request]:
+        queue = self._backlog.get(tenant)
+        if queue is not None:
+            return queue
+        # becoming backlogged: no credit for time spent idle, no lower than any backlogged tenant
+        floor = self._min_backlogged()
+        own = self._idle.pop(tenant, self._vtime)
+        counter = max(own, self._vtime if floor is None else floor)
+        queue = self._backlog[tenant] = deque()
+        self._order[tenant] = next(self._seq)
+        self._set(tenant, counter)
         return queue
 
     def remove(self, requests: Iterable[Request]) -> None:
@@ -165,18 +216,76 @@ class FairQueue(WaitingQueue):
         for r in requests:
             gone.setdefault(r.tenant, set()).add(id(r))
         for tenant, ids in gone.items():
-            queue = self._queues[tenant]
-            self._queues[tenant] = deque(r for r in queue if id(r) not in ids)
+            queue = self._backlog.get(tenant)
+            if queue is None:
+                continue
+            before = len(queue)
+            while ids and queue and id(queue[0]) in ids:
+                ids.discard(id(queue.popleft()))
+            if ids:
+                queue = self._backlog[tenant] = deque(r for r in queue if id(r) not in ids)
+            self._size -= before - len(queue)
+            if not queue:
+                self._drain(tenant)
+
+    def _drain(self, tenant: str | None) -> None:
+        """`tenant` has nothing waiting any more: the virtual time moves up to the smallest
+        backlogged counter (its own included), and its counter joins the idle memory."""
+        floor = self._min_backlogged()
+        if floor is not None and floor > self._vtime:
+            self._vtime = floor
+        del self._backlog[tenant], self._order[tenant]
+        self._remember(tenant, self._counters.pop(tenant))
+
+    def _remember(self, tenant: str | None, counter: float) -> None:
+        idle = self._idle
+        idle.pop(tenant, None)
+        idle[tenant] = counter  # the most recently touched last
+        while len(idle) > self._idle_memory:
+            del idle[next(iter(idle))]  # forget the least recently touched
+
+    def _set(self, tenant: str | None, counter: float) -> None:
+        """A backlogged tenant's counter, with its fresh heap entry."""
+        self._counters[tenant] = counter
+        heap = self._heap
+        heapq.heappush(heap, (counter, tenant or "", self._order[tenant], tenant))
+        if len(heap) > 2 * len(self._backlog) + 64:  # drop the stale entries
+            self._heap = [(c, t or "", self._order[t], t) for t, c in self._counters.items()]
+            heapq.heapify(self._heap)
+
+    def _fresh(self, entry: tuple[float, str, int, str | None]) -> bool:
+        counter, _, episode, tenant = entry
+        return self._order.get(tenant) == episode and self._counters[tenant] == counter
+
+    def _min_backlogged(self) -> float | None:
+        heap = self._heap
+        while heap and not self._fresh(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
 
     def candidates(self, now: float) -> Iterator[Request]:
-        offered = {tenant: 0 for tenant in self._queues}
-        while True:
-            open_tenants = [t for t, q in self._queues.items() if offered[t] < len(q)]
-            if not open_tenants:
-                return
-            tenant = min(open_tenants, key=lambda t: (self._counters.get(t, 0.0), t or ""))
-            offered[tenant] += 1
-            yield self._queues[tenant][offered[tenant] - 1]
+        # every backlogged tenant has a fresh entry in the copy; counters only rise while a tenant
+        # is backlogged, so an entry's key is at most its tenant's counter, and an entry popped
+        # with a key below it is pushed back with the counter (lazy re-keying)
+        heap = list(self._heap)  # a copy: the queue's heap stays intact if iteration stops early
+        offered: dict[str | None, int] = {}
+        while heap:
+            key, name, episode, tenant = heap[0]
+            queue = self._backlog.get(tenant)
+            if queue is None or self._order[tenant] != episode:
+                heapq.heappop(heap)  # no longer backlogged (or an earlier episode)
+                continue
+            counter = self._counters[tenant]
+            if key != counter:
+                heapq.heapreplace(heap, (counter, name, episode, tenant))
+                continue
+            n = offered.get(tenant, 0)
+            if n >= len(queue):
+                heapq.heappop(heap)  # every request of this tenant was offered
+                continue
+            offered[tenant] = n + 1
+            yield queue[n]
+            heapq.heapreplace(heap, (self._counters.get(tenant, key), name, episode, tenant))
 
     def admitted(self, request: Request) -> None:
         if request.num_preemptions == 0:  # recomputing after a preemption is not new service
@@ -186,7 +295,11 @@ class FairQueue(WaitingQueue):
         self._charge(request.tenant, num_tokens)
 
     def _charge(self, tenant: str | None, num_tokens: int) -> None:
-        self._counters[tenant] = self._counters.get(tenant, 0.0) + num_tokens / self._weight(tenant)
+        cost = num_tokens / self._weight(tenant)
+        if tenant in self._counters:
+            self._set(tenant, self._counters[tenant] + cost)
+        else:
+            self._remember(tenant, self._idle.get(tenant, self._vtime) + cost)
 
 
 @dataclass(frozen=True, slots=True)

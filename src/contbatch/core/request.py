@@ -9,7 +9,15 @@ Invariants:
 - num_output_tokens <= max_output_tokens; output tokens only grow;
 - `status` moves only along the edges of `contbatch.core.status` (checked on every move);
 - FINISHED happens once, and the timeline records the same reason;
-- `prompt_token_ids` is empty (the simulator knows lengths only) or has `num_prompt_tokens` ids.
+- `prompt_token_ids` is empty (the simulator knows lengths only) or has `num_prompt_tokens` ids;
+- 0 <= num_external_tokens <= num_prompt_tokens.
+
+External KV (`num_external_tokens`): the KV of that many leading prompt tokens was computed
+elsewhere and arrives with the request (a KV transfer from a prefill replica, in disaggregated
+serving). Its first admission starts after them, exactly as after a prefix-cache hit (the larger
+of the two counts, at most prompt - 1: one token is computed to sample from, as vLLM does), its
+blocks are allocated under this scheduler's KV budget like any admission's, and a request
+preempted by recompute later computes its whole prompt here.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ class Request:
         "kv_capacity",
         "max_output_tokens",
         "num_computed_tokens",
+        "num_external_tokens",
         "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
@@ -57,11 +66,17 @@ class Request:
         block_hashes: tuple[int, ...] = (),
         prompt_token_ids: tuple[int, ...] = (),
         params: object = None,
+        num_external_tokens: int = 0,
     ) -> None:
         if num_prompt_tokens < 1:
             raise ValueError(f"request {request_id!r}: num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
         if max_output_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_output_tokens must be >= 1, got {max_output_tokens}")
+        if not 0 <= num_external_tokens <= num_prompt_tokens:
+            raise ValueError(
+                f"request {request_id!r}: num_external_tokens must be in [0, {num_prompt_tokens}], "
+                f"got {num_external_tokens}"
+            )
         if prompt_token_ids and len(prompt_token_ids) != num_prompt_tokens:
             raise ValueError(
                 f"request {request_id!r}: {len(prompt_token_ids)} prompt token ids, {num_prompt_tokens} prompt tokens"
@@ -74,6 +89,7 @@ class Request:
         self.deadline_ts = deadline_ts
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_external_tokens = num_external_tokens  # leading prompt tokens whose KV arrives from elsewhere
         self.num_output_tokens = 0
         self.output_token_ids: list[int] = []
         self.num_preemptions = 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TypeGuard, cast
 
 from contbatch.core import FinishReason, Timeline
+from contbatch.core.outputs import TokenLogprobs
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.loop.params import SamplingParams
 
@@ -26,6 +27,8 @@ class CompletionOutput:
     finish_detail: str  # why, for rejected or failed requests
     num_prompt_tokens: int
     timeline: Timeline
+    logprobs: tuple[TokenLogprobs, ...] = ()  # with SamplingParams.logprobs: one per output token
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None  # with SamplingParams.prompt_logprobs
 
 
 class LLM:
@@ -47,11 +50,16 @@ class LLM:
         per_prompt = _params_for(batch, params)
         requests = [self.engine.add_request(p, sp) for p, sp in zip(batch, per_prompt, strict=True)]
         texts = {r.request_id: "" for r in requests}
+        logprobs: dict[str, list[TokenLogprobs]] = {r.request_id: [] for r in requests}
+        prompt_logprobs: dict[str, tuple[TokenLogprobs | None, ...]] = {}
         outputs = self.engine.core.take_outputs()  # rejections, at once
         while self.engine.has_unfinished():
             outputs += self.engine.step()
         for output in outputs + self.engine.core.take_outputs():
             texts[output.request_id] += output.text
+            logprobs[output.request_id].extend(output.logprobs)
+            if output.prompt_logprobs is not None:
+                prompt_logprobs[output.request_id] = output.prompt_logprobs
         return [
             CompletionOutput(
                 r.request_id,
@@ -61,6 +69,8 @@ class LLM:
                 r.finish_detail,
                 r.num_prompt_tokens,
                 r.timeline,
+                tuple(logprobs[r.request_id]),
+                prompt_logprobs.get(r.request_id),
             )
             for r in requests
         ]

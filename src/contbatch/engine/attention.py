@@ -11,12 +11,21 @@ chunked prefill) that are adjacent in the flat batch form decode groups: one pad
 scaled-dot-product call per group, keys and values gathered block-wise once per layer, padding
 masked out. The runner puts them first and sorted by context length, so groups pad little.
 
+Sliding windows: `windowed(meta, w)` is the same step for a layer whose queries see only the last
+`w` positions (the query at i attends to keys j with i - w < j <= i, transformers' rule). Its
+decode groups gather only the blocks that hold those keys, and its prefill chunks read only the
+cached keys from position `start - w + 1` on, each with a mask of the window (a chunk that starts
+at 0 and fits in the window keeps plain causal attention). Blocks that fell out of every window
+stay allocated (the KV cache manager is not told).
+
 Invariants: the new tokens' K/V are written to the cache before any read, so a chunk sees its own
-keys; a slot is written by at most one token per step; no query row is fully masked.
+keys; a slot is written by at most one token per step; no query row is fully masked (a window
+always holds the query's own position).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +46,7 @@ class ChunkLayout:
     num_tokens: int  # >= 1
     start: int  # position of its first token (tokens before it are in the cache)
     block_table: Sequence[int]  # the request's device blocks in token order; covers start + num_tokens
+    num_prompt_tokens: int | None = None  # its request's prompt length (dynamic NTK RoPE); None or 0: not given
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +54,16 @@ class DecodeGroup:
     token_begin: int
     token_end: int  # single-token chunks [token_begin, token_end), one per request
     block_ids: torch.Tensor  # [B, max_blocks] long, padded with block 0
-    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool: True = attend; None = no padding
+    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool: True = attend; None = attend to all
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
     token_begin: int
     num_tokens: int  # >= 2
-    context_slots: torch.Tensor | None  # [start + num_tokens] slots of its whole context; None when start == 0
-    mask: torch.Tensor | None  # [num_tokens, start + num_tokens] bool causal-with-prefix; None when start == 0
+    # slots of the keys it reads, positions [first key, start + num_tokens); None: its own new keys only
+    context_slots: torch.Tensor | None
+    mask: torch.Tensor | None  # [num_tokens, number of keys] bool, True = attend; None: plain causal
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +74,9 @@ class AttentionMetadata:
     chunk_spans: tuple[tuple[int, int, int], ...]  # (token_begin, token_end, start + num_tokens) per chunk
     sample_indices: torch.Tensor  # [R] long: flat tokens whose logits are returned, in row order
     num_tokens: int  # T
+    layouts: tuple[ChunkLayout, ...] = ()  # the chunks, as given
+    block_size: int = 1
+    window: int | None = None  # the sliding window its attention applies (None: full causal)
 
 
 def chunk_slots(layout: ChunkLayout, block_size: int, end: int | None = None) -> list[int]:
@@ -94,27 +108,46 @@ def _decode_groups(layouts: Sequence[ChunkLayout]) -> list[list[ChunkLayout]]:
     return groups
 
 
-def _build_decode_group(group: list[ChunkLayout], block_size: int, device: torch.device) -> DecodeGroup:
+def _build_decode_group(
+    group: list[ChunkLayout], block_size: int, device: torch.device, window: int | None = None
+) -> DecodeGroup:
+    """Rows gather the blocks holding keys [first, context) (first = context - window, or 0), padded."""
     context_lens = [c.start + 1 for c in group]
-    num_blocks = [-(-n // block_size) for n in context_lens]
+    firsts = [0 if window is None else max(0, n - window) for n in context_lens]
+    first_blocks = [f // block_size for f in firsts]
+    num_blocks = [-(-n // block_size) - fb for n, fb in zip(context_lens, first_blocks, strict=True)]
     width = max(num_blocks)
-    rows = [list(c.block_table[:nb]) + [0] * (width - nb) for c, nb in zip(group, num_blocks, strict=True)]
+    rows = [
+        list(c.block_table[fb : fb + nb]) + [0] * (width - nb)
+        for c, fb, nb in zip(group, first_blocks, num_blocks, strict=True)
+    ]
     block_ids = torch.tensor(rows, dtype=torch.long, device=device)
     mask = None
-    if any(n != width * block_size for n in context_lens):
-        lens = torch.tensor(context_lens, device=device)
-        mask = (torch.arange(width * block_size, device=device)[None, :] < lens[:, None])[:, None, None, :]
+    span = width * block_size
+    bounds = zip(firsts, first_blocks, context_lens, strict=True)
+    if any(f != fb * block_size or n != fb * block_size + span for f, fb, n in bounds):
+        offsets = torch.tensor([fb * block_size for fb in first_blocks], device=device)
+        positions = offsets[:, None] + torch.arange(span, device=device)[None, :]
+        lo = torch.tensor(firsts, device=device)[:, None]
+        hi = torch.tensor(context_lens, device=device)[:, None]
+        mask = ((positions >= lo) & (positions < hi))[:, None, None, :]
     begin = group[0].token_begin
     return DecodeGroup(begin, begin + len(group), block_ids, mask)
 
 
-def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device) -> PrefillChunk:
-    if c.start == 0:
+def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device, window: int | None = None) -> PrefillChunk:
+    end = c.start + c.num_tokens
+    if c.start == 0 and (window is None or c.num_tokens <= window):
         return PrefillChunk(c.token_begin, c.num_tokens, None, None)
-    context = c.start + c.num_tokens
-    slots = torch.tensor(chunk_slots(ChunkLayout(0, context, 0, c.block_table), block_size), device=device)
-    rows = torch.arange(c.num_tokens, device=device)[:, None] + c.start
-    mask = torch.arange(context, device=device)[None, :] <= rows
+    first = 0 if window is None else max(0, c.start - window + 1)
+    rows = torch.arange(c.start, end, device=device)[:, None]
+    keys = torch.arange(first, end, device=device)[None, :]
+    mask = keys <= rows
+    if window is not None:
+        mask &= keys > rows - window
+    if c.start == 0:
+        return PrefillChunk(c.token_begin, c.num_tokens, None, mask)
+    slots = torch.tensor(chunk_slots(ChunkLayout(0, end - first, first, c.block_table), block_size), device=device)
     return PrefillChunk(c.token_begin, c.num_tokens, slots, mask)
 
 
@@ -140,7 +173,21 @@ def build_metadata(
         chunk_spans=tuple((c.token_begin, c.token_begin + c.num_tokens, c.start + c.num_tokens) for c in layouts),
         sample_indices=torch.tensor(list(sample_indices), dtype=torch.long, device=device),
         num_tokens=len(slots),
+        layouts=tuple(layouts),
+        block_size=block_size,
     )
+
+
+def windowed(meta: AttentionMetadata, window: int | None) -> AttentionMetadata:
+    """`meta` for a layer with a sliding window of `window` positions (`meta` itself when no query
+    of the step is `window` or more positions past a key, or `window` is None)."""
+    if window is None or window == meta.window or all(c.start + c.num_tokens <= window for c in meta.layouts):
+        return meta
+    device = meta.slot_mapping.device
+    bs = meta.block_size
+    groups = tuple(_build_decode_group(g, bs, device, window) for g in _decode_groups(meta.layouts))
+    prefills = tuple(_build_prefill(c, bs, device, window) for c in meta.layouts if c.num_tokens > 1)
+    return dataclasses.replace(meta, decode_groups=groups, prefills=prefills, window=window)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:

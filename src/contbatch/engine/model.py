@@ -7,7 +7,9 @@ one step: flat token ids and positions in, logits out only for the rows that are
 
 Numerics follow transformers: RMSNorm in float32 then cast back, cos/sin computed in float32 and
 cast to the model dtype, softmax inside scaled-dot-product attention. float32 on CPU;
-float16/bfloat16 only on CUDA.
+float16/bfloat16 only on CUDA. A layer with a sliding window (`ModelSpec.layer_windows`) attends
+through the step's windowed metadata (`contbatch.engine.attention.windowed`), built once per step
+and window.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from contbatch.engine.attention import AttentionMetadata, paged_attention
+from contbatch.engine.attention import AttentionMetadata, paged_attention, windowed
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
@@ -163,9 +165,12 @@ class LlamaModel:
         if input_ids.shape != positions.shape or input_ids.shape[0] != meta.num_tokens:
             raise ValueError(f"input_ids {tuple(input_ids.shape)} / positions / metadata disagree on the token count")
         h = self.embed.index_select(0, input_ids)
-        rope = self.rotary.cos_sin(positions, meta.chunk_spans)
+        rope = self.rotary.cos_sin(positions, meta.layouts)
+        windows = self.spec.layer_windows or (None,) * len(self.layers)
+        metas = {w: windowed(meta, w) for w in set(windows)}
         for i, layer in enumerate(self.layers):
-            h = h + self._attention(self._rms_norm(h, layer.input_norm), layer, rope, meta, kv_cache.layer(i))
+            m = metas[windows[i]]
+            h = h + self._attention(self._rms_norm(h, layer.input_norm), layer, rope, m, kv_cache.layer(i))
             h = h + self._mlp(self._rms_norm(h, layer.post_norm), layer)
         h = self._rms_norm(h.index_select(0, meta.sample_indices), self.final_norm)
         return (h @ self.lm_head_t).float()

@@ -4,10 +4,18 @@ What it owns: inverse frequencies per `RopeSpec` (default, linear, dynamic NTK, 
 computed with the same float32 operations as transformers' `modeling_rope_utils` so logits
 agree to rounding, and the cos/sin rows for a flat batch of positions.
 
-Dynamic NTK: transformers recomputes the frequencies from the length of the current forward
-pass once it exceeds `max_position_embeddings`. Here that length is per chunk (its `start +
-num_new_tokens`), which equals transformers for one sequence generated token by token; cached keys
-keep the rotation they were written with, as in transformers.
+Dynamic NTK, as transformers' `generate` computes it for one sequence: each forward recomputes the
+frequencies from `seq_len = max(position_ids) + 1` when that exceeds `max_position_embeddings`
+(the base grows with it; at or below it the unscaled frequencies are used), and cached keys keep
+the rotation they were written with. Its prefill is one forward over the whole prompt, each decode
+one forward of one token, so the token at position p of a request whose prompt has L tokens is
+rotated with `seq_len = max(p + 1, L)`: every prompt token with the prompt's length, every later
+token with its own. That rule needs only the request's prompt length (`ChunkLayout.
+num_prompt_tokens`), so the engine gives the same rotations whatever the chunking, after a
+recompute, and for several tokens of one request in one step. A chunk without its prompt length
+is refused (`ValueError`) once it reaches past `max_position_embeddings`: its rotation would
+depend on how the prompt was cut. The frequencies for a length are computed as transformers does
+at run time (0-d tensor arithmetic in float32, not Python floats) and kept per length.
 """
 
 from __future__ import annotations
@@ -17,12 +25,28 @@ from collections.abc import Sequence
 
 import torch
 
+from contbatch.engine.attention import ChunkLayout
 from contbatch.engine.spec import ModelSpec, RopeSpec
+
+_MAX_CACHED_LENGTHS = 16_384  # dynamic NTK: frequencies kept for this many sequence lengths at most
 
 
 def _base_inv_freq(theta: float, dim: int, device: torch.device | None) -> torch.Tensor:
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
     return 1.0 / (theta**exponents)
+
+
+def _dynamic_inv_freq(
+    rope: RopeSpec, head_dim: int, max_position_embeddings: int, seq_len: int, device: torch.device | None
+) -> torch.Tensor:
+    """transformers' `_compute_dynamic_ntk_parameters` as its forward calls it: `seq_len` a 0-d int64
+    tensor, so the base is computed in float32 tensor arithmetic (not Python floats)."""
+    length = torch.maximum(torch.tensor(seq_len, device=device), torch.tensor(max_position_embeddings, device=device))
+    base = rope.theta * ((rope.factor * length / max_position_embeddings) - (rope.factor - 1)) ** (
+        head_dim / (head_dim - 2)
+    )
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
+    return 1.0 / (base**exponents)
 
 
 def _llama3(rope: RopeSpec, dim: int, device: torch.device | None) -> torch.Tensor:
@@ -83,8 +107,10 @@ def inv_freq_for(
     if rope.rope_type == "linear":
         return _base_inv_freq(rope.theta, head_dim, device) / rope.factor, 1.0
     if rope.rope_type == "dynamic":
-        length = max(seq_len or max_position_embeddings, max_position_embeddings)
-        scale = (rope.factor * length / max_position_embeddings) - (rope.factor - 1)
+        if seq_len is not None and seq_len > max_position_embeddings:
+            return _dynamic_inv_freq(rope, head_dim, max_position_embeddings, seq_len, device), 1.0
+        # transformers' initial frequencies (Python floats): the scale is 1 at max_position_embeddings
+        scale = (rope.factor * max_position_embeddings / max_position_embeddings) - (rope.factor - 1)
         base = rope.theta * scale ** (head_dim / (head_dim - 2))
         return _base_inv_freq(base, head_dim, device), 1.0
     if rope.rope_type == "llama3":
@@ -104,28 +130,67 @@ class RotaryEmbedding:
         self.inv_freq, self.scaling = inv_freq_for(
             spec.rope, spec.head_dim, spec.max_position_embeddings, device=device
         )
+        self._dynamic: dict[int, torch.Tensor] = {}  # seq_len -> inverse frequencies (dynamic NTK)
 
     def _rows(self, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, ...]:
-        freqs = positions[:, None].float() * inv_freq[None, :]
+        freqs = positions[:, None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * scaling).to(self.dtype), (emb.sin() * scaling).to(self.dtype)
 
     def cos_sin(
-        self, positions: torch.Tensor, chunk_spans: Sequence[tuple[int, int, int]] = ()
+        self, positions: torch.Tensor, layouts: Sequence[ChunkLayout] = ()
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for `positions` [T]. `chunk_spans`: (first token, end token, sequence length) per chunk,
-        read only by dynamic NTK for chunks longer than `max_position_embeddings`."""
-        cos, sin = self._rows(positions, self.inv_freq, self.scaling)
+        """cos, sin for `positions` [T]. `layouts`: the chunks tiling the flat batch, read only by
+        dynamic NTK (see the module docstring)."""
+        cos, sin = self._rows(positions, self.inv_freq[None, :], self.scaling)
         if self.spec.rope.rope_type != "dynamic":
             return cos, sin
-        max_pos = self.spec.max_position_embeddings
-        for begin, end, seq_len in chunk_spans:
-            if seq_len > max_pos:
-                inv_freq, scaling = inv_freq_for(
-                    self.spec.rope, self.spec.head_dim, max_pos, seq_len=seq_len, device=self.device
-                )
-                cos[begin:end], sin[begin:end] = self._rows(positions[begin:end], inv_freq, scaling)
+        own: list[int] = []  # flat tokens rotated with their own length (position + 1)
+        for begin, end, length in self._scaled_spans(layouts):
+            if length is not None:  # prompt tokens: the prompt's length
+                inv_freq = self._inv_freq_at(length)[None, :]
+                cos[begin:end], sin[begin:end] = self._rows(positions[begin:end], inv_freq, self.scaling)
+            else:
+                own.extend(range(begin, end))
+        if own:
+            index = torch.tensor(own, dtype=torch.long, device=positions.device)
+            at = positions.index_select(0, index)
+            inv_freq = torch.stack([self._inv_freq_at(p + 1) for p in at.tolist()])
+            cos[index], sin[index] = self._rows(at, inv_freq, self.scaling)
         return cos, sin
+
+    def _scaled_spans(self, layouts: Sequence[ChunkLayout]) -> list[tuple[int, int, int | None]]:
+        """(first flat token, end, seq_len) of the tokens whose seq_len exceeds max_position_embeddings:
+        seq_len the prompt's length, or None when it is each token's position + 1."""
+        max_pos = self.spec.max_position_embeddings
+        spans: list[tuple[int, int, int | None]] = []
+        for c in layouts:
+            end = c.start + c.num_tokens
+            prompt = c.num_prompt_tokens or None  # 0: not given
+            if prompt is None:
+                if end > max_pos:
+                    raise ValueError(
+                        f"dynamic NTK RoPE past max_position_embeddings={max_pos} (a chunk ends at {end}) needs "
+                        "the request's prompt length (ChunkLayout.num_prompt_tokens)"
+                    )
+                continue
+            split = min(max(prompt, c.start), end)  # positions [start, split) are prompt tokens
+            if split > c.start and prompt > max_pos:
+                spans.append((c.token_begin, c.token_begin + split - c.start, prompt))
+            first_own = max(split, max_pos)  # from here on, position + 1 > max_position_embeddings
+            if first_own < end:
+                spans.append((c.token_begin + first_own - c.start, c.token_begin + c.num_tokens, None))
+        return spans
+
+    def _inv_freq_at(self, seq_len: int) -> torch.Tensor:
+        cached = self._dynamic.get(seq_len)
+        if cached is None:
+            if len(self._dynamic) >= _MAX_CACHED_LENGTHS:
+                self._dynamic.clear()
+            spec = self.spec
+            cached = _dynamic_inv_freq(spec.rope, spec.head_dim, spec.max_position_embeddings, seq_len, self.device)
+            self._dynamic[seq_len] = cached
+        return cached
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,29 @@ Per step, in order:
 3. build the flat batch: single-token chunks first, sorted by context length (so the paged
    attention pads decodes little), then multi-token chunks in schedule order; positions, slots
    from each request's block table;
-4. one forward; logits only for the last token of each chunk with `samples=True`;
-5. sample each row with its request's `SamplingParams`; a sampled EOS (unless `ignore_eos`) or
-   stop token id finishes the request with STOP, reaching `max_model_len` tokens with LENGTH.
-   Stop strings are the engine loop's job; `max_tokens` is the scheduler's.
+4. one forward; logits for the rows that need them (below);
+5. sample each sampling chunk with its request's `SamplingParams` (`contbatch.engine.sampling`);
+   a sampled EOS (unless `ignore_eos`) or stop token id finishes the request with STOP, reaching
+   `max_model_len` tokens with LENGTH. Stop strings are the engine loop's job; `max_tokens` is
+   the scheduler's.
+
+Logits rows, per chunk:
+- a sampling chunk: its last token's row;
+- a verification chunk (a decode chunk of 1 + d tokens, `is_prefill` False: the newest token
+  followed by d draft tokens, which the caller put at the end of the sequence's token ids): one
+  row per token. Row i is sampled as a plain decode would be, with the drafts before it as
+  history; draft i + 1 is accepted when it equals the token row i gives, and verification stops
+  at the first token that differs (that token is kept) or after the last row (a bonus token).
+  Greedy requests are therefore token-exact with non-speculative decoding; random ones draw
+  exactly the tokens plain decoding would (one draw per output token, from the same
+  generator), so a seeded request's output does not depend on speculation either. The step
+  returns 1 to d + 1 tokens; the scheduler keeps the KV of the accepted positions and rolls
+  back the rest;
+- a prefill chunk of a request in `prompt_logprob_ids`: one row per token, for the prompt
+  log-probabilities (`StepResult.prompt_logprobs` holds this chunk's part: a None for the first
+  prompt token when the chunk starts at 0, then one entry per prompt token it predicts).
+Requests with `logprobs` get one entry per returned token (`StepResult.logprobs`); all
+log-probabilities are the raw model distribution's (`sampling.logprobs_of`).
 
 Any exception in a step is raised as `StepError` carrying the ids of the step's requests.
 
@@ -19,20 +38,20 @@ its block table covers `start + num_new_tokens`; a sampling chunk ends at the la
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
-from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
+from contbatch.core.outputs import LogprobsResult, ScheduledChunk, SchedulerOutput, StepResult, TokenLogprobs
 from contbatch.core.status import FinishReason
 from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_metadata
 from contbatch.engine.kv_cache import PagedKVCache, num_blocks_for_memory
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.model import LlamaModel, default_device, resolve_dtype
-from contbatch.engine.sampling import Sampler
+from contbatch.engine.sampling import History, Prepared, Sampler, logprobs_of
 from contbatch.engine.spec import ModelSpec
 from contbatch.loop.executor import StepError
 from contbatch.loop.params import GREEDY, SamplingParams
@@ -50,14 +69,32 @@ class SequenceView(Protocol):
     @property
     def params(self) -> SamplingParams: ...
 
+    @property
+    def num_prompt_tokens(self) -> int: ...  # token_ids[:num_prompt_tokens] is the prompt
+
 
 @dataclass(frozen=True, slots=True)
 class SequenceState:
-    """A `SequenceView` as a value (tests, calibration grids)."""
+    """A `SequenceView` as a value (tests, calibration grids). `num_prompt_tokens` (0: not given)
+    matters for penalties, prompt log-probabilities and dynamic NTK RoPE past the model's
+    positions."""
 
     token_ids: Sequence[int]
     block_table: Sequence[int]
     params: SamplingParams = GREEDY
+    num_prompt_tokens: int = 0
+
+
+class RowSpan(NamedTuple):
+    """Consecutive logits rows of one chunk: rows [row, row + num_rows) are its positions
+    [position, position + num_rows)."""
+
+    chunk: ScheduledChunk
+    row: int
+    num_rows: int
+    position: int
+    verify: bool  # a verification chunk (drafts after the newest token)
+    prompt_logprobs: bool  # its rows also give prompt log-probabilities
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +103,7 @@ class FlatBatch:
     positions: torch.Tensor  # [T] long
     meta: AttentionMetadata
     sample_ids: tuple[str, ...]  # request id of each logits row, in row order
+    spans: tuple[RowSpan, ...] = ()  # the chunks that have rows, in row order
 
 
 def _check_chunk(chunk: ScheduledChunk, seq: SequenceView | None, block_size: int) -> SequenceView:
@@ -87,6 +125,33 @@ def _check_chunk(chunk: ScheduledChunk, seq: SequenceView | None, block_size: in
 def _flat_order(chunks: Sequence[ScheduledChunk]) -> list[ScheduledChunk]:
     singles = sorted((c for c in chunks if c.num_new_tokens == 1), key=lambda c: c.start)
     return singles + [c for c in chunks if c.num_new_tokens > 1]
+
+
+def _is_verify(chunk: ScheduledChunk) -> bool:
+    return not chunk.is_prefill and chunk.num_new_tokens > 1
+
+
+class _Rows:
+    """The rows whose log-probabilities a step reports (one `logprobs_of` call)."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.tokens: list[int] = []
+        self.num_top: list[int] = []
+
+    def add(self, row: int, token: int, num_top: int) -> None:
+        self.rows.append(row)
+        self.tokens.append(token)
+        self.num_top.append(num_top)
+
+    def compute(self, logits: torch.Tensor, slice_rows: int = 512) -> list[TokenLogprobs]:
+        """In slices of `slice_rows` rows, so a long prompt's log-softmax never copies every row at once."""
+        out: list[TokenLogprobs] = []
+        for begin in range(0, len(self.rows), slice_rows):
+            end = begin + slice_rows
+            index = torch.tensor(self.rows[begin:end], dtype=torch.long, device=logits.device)
+            out.extend(logprobs_of(logits.index_select(0, index), self.tokens[begin:end], self.num_top[begin:end]))
+        return out
 
 
 class ModelRunner:
@@ -142,17 +207,28 @@ class ModelRunner:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def execute(self, out: SchedulerOutput, seqs: Mapping[str, SequenceView]) -> StepResult:
-        """Run one step (see the module docstring); raises `StepError` naming the step's requests."""
-        ids = [c.request_id for c in out.chunks]
+    def execute(
+        self,
+        out: SchedulerOutput,
+        seqs: Mapping[str, SequenceView],
+        *,
+        chunks: Sequence[ScheduledChunk] | None = None,
+        prompt_logprob_ids: Collection[str] = (),
+    ) -> StepResult:
+        """Run one step (see the module docstring); raises `StepError` naming the step's requests.
+        `chunks` replaces `out.chunks` (a verification chunk shortened to the drafts found);
+        `prompt_logprob_ids`: requests whose prefill chunks report prompt log-probabilities."""
+        run = out.chunks if chunks is None else chunks
+        ids = [c.request_id for c in run]
         ids += [rid for rid, _ in out.swapped_out] + [rid for rid, _ in out.swapped_in]
         try:
             self._forget(out.finished_ids)
             self.apply_swaps(out)
-            if not out.chunks:
+            if not run:
                 return StepResult()
-            sample_ids, logits = self.compute_logits(out.chunks, seqs)
-            return self._sample(sample_ids, logits, seqs)
+            batch = self.build_batch(run, seqs, prompt_logprob_ids)
+            _, logits = self.compute_logits(run, seqs, batch=batch)
+            return self._sample(batch, logits, seqs)
         except Exception as exc:
             raise StepError(ids, exc) from exc
 
@@ -167,40 +243,57 @@ class ModelRunner:
         for rid, block_ids in out.swapped_in:
             self.kv_cache.swap_in(rid, block_ids)
 
-    def build_batch(self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceView]) -> FlatBatch:
-        """The flat batch of `chunks` (see the module docstring for the order)."""
+    def build_batch(
+        self,
+        chunks: Sequence[ScheduledChunk],
+        seqs: Mapping[str, SequenceView],
+        prompt_logprob_ids: Collection[str] = (),
+    ) -> FlatBatch:
+        """The flat batch of `chunks` (see the module docstring for the order and the rows)."""
         block_size = self.kv_cache.block_size
         tokens: list[int] = []
         positions: list[int] = []
         layouts: list[ChunkLayout] = []
-        sample_rows: list[int] = []
-        sample_ids: list[str] = []
+        rows: list[int] = []
+        row_ids: list[str] = []
+        spans: list[RowSpan] = []
         for c in _flat_order(chunks):
             seq = _check_chunk(c, seqs.get(c.request_id), block_size)
             end = c.start + c.num_new_tokens
-            layouts.append(ChunkLayout(len(tokens), c.num_new_tokens, c.start, seq.block_table))
+            layouts.append(ChunkLayout(len(tokens), c.num_new_tokens, c.start, seq.block_table, seq.num_prompt_tokens))
+            begin = len(tokens)
             tokens.extend(seq.token_ids[c.start : end])
             positions.extend(range(c.start, end))
-            if c.samples:
-                sample_rows.append(len(tokens) - 1)
-                sample_ids.append(c.request_id)
+            verify = _is_verify(c)
+            prompt = c.is_prefill and c.request_id in prompt_logprob_ids and c.start < seq.num_prompt_tokens
+            if verify or prompt:
+                spans.append(RowSpan(c, len(rows), c.num_new_tokens, c.start, verify, prompt))
+                rows.extend(range(begin, len(tokens)))
+                row_ids.extend([c.request_id] * c.num_new_tokens)
+            elif c.samples:
+                spans.append(RowSpan(c, len(rows), 1, end - 1, False, False))
+                rows.append(len(tokens) - 1)
+                row_ids.append(c.request_id)
         if positions and max(positions) >= self.spec.max_model_len:
             raise ValueError(f"position {max(positions)} exceeds max_model_len {self.spec.max_model_len}")
         if tokens and not 0 <= min(tokens) <= max(tokens) < self.spec.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.spec.vocab_size})")
-        meta = build_metadata(layouts, sample_rows, block_size=block_size, device=self.device)
+        meta = build_metadata(layouts, rows, block_size=block_size, device=self.device)
         return FlatBatch(
             input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device),
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             meta=meta,
-            sample_ids=tuple(sample_ids),
+            sample_ids=tuple(row_ids),
+            spans=tuple(spans),
         )
 
     def compute_logits(
-        self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceView]
+        self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceView], *, batch: FlatBatch | None = None
     ) -> tuple[tuple[str, ...], torch.Tensor]:
-        """(request id per row, float32 logits [rows, vocab]) for the sampling chunks; writes the chunks' KV."""
-        batch = self.build_batch(chunks, seqs)
+        """(request id per row, float32 logits [rows, vocab]) for the chunks' rows (one per
+        sampling chunk, one per token of a verification chunk); writes the chunks' KV. `batch`:
+        the chunks' flat batch, when already built."""
+        batch = batch if batch is not None else self.build_batch(chunks, seqs)
         logits = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
         return batch.sample_ids, logits
 
@@ -212,16 +305,142 @@ class ModelRunner:
             generator = self._generators[request_id] = torch.Generator(device="cpu").manual_seed(params.seed)
         return generator
 
-    def _sample(self, sample_ids: Sequence[str], logits: torch.Tensor, seqs: Mapping[str, SequenceView]) -> StepResult:
-        params = [seqs[rid].params for rid in sample_ids]
-        generators = [self._generator(rid, p) for rid, p in zip(sample_ids, params, strict=True)]
-        tokens = self.sampler.sample(logits, params, generators)
+    # -- sampling --------------------------------------------------------------------------------
+
+    def _sample(self, batch: FlatBatch, logits: torch.Tensor, seqs: Mapping[str, SequenceView]) -> StepResult:
+        """Sample every sampling chunk, verify drafts, finish, and gather log-probabilities."""
+        sampling = [s for s in batch.spans if s.chunk.samples]
+        sampled: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
-        for rid, p, token in zip(sample_ids, params, tokens, strict=True):
-            if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-                finished[rid] = FinishReason.STOP
-            elif len(seqs[rid].token_ids) + 1 >= self.spec.max_model_len:
-                finished[rid] = FinishReason.LENGTH  # the sequence is as long as the model allows
-        return StepResult(
-            sampled_token_ids={rid: (t,) for rid, t in zip(sample_ids, tokens, strict=True)}, finished=finished
+        if sampling:
+            prepared, at = self._prepare(sampling, logits, seqs)
+            # Plain sampling chunks draw together; verification chunks draw row by row.
+            plain = [s for s in sampling if not s.verify]
+            if plain:
+                rows = [at[s.row + s.num_rows - 1] for s in plain]
+                gens = [self._generator(s.chunk.request_id, seqs[s.chunk.request_id].params) for s in plain]
+                for span, token in zip(plain, prepared.draw(rows, gens), strict=True):
+                    sampled[span.chunk.request_id] = (token,)
+            for span in sampling:
+                rid = span.chunk.request_id
+                if span.verify:
+                    sampled[rid] = self._verify(span, seqs[rid], prepared, at)
+                sampled[rid], reason = self._finish(span, seqs[rid], sampled[rid])
+                if reason is not None:
+                    finished[rid] = reason
+        logprobs, prompt_logprobs = self._logprobs(batch, logits, seqs, sampled)
+        if logprobs is None and prompt_logprobs is None:
+            return StepResult(sampled_token_ids=sampled, finished=finished)
+        return LogprobsResult(
+            sampled_token_ids=sampled, finished=finished, logprobs=logprobs, prompt_logprobs=prompt_logprobs
         )
+
+    def _prepare(
+        self, sampling: Sequence[RowSpan], logits: torch.Tensor, seqs: Mapping[str, SequenceView]
+    ) -> tuple[Prepared, dict[int, int]]:
+        """The sampler's distributions of the rows that sample (each with its params and, for
+        penalties, its history), and each such row's index among them."""
+        sample_rows: list[int] = []
+        row_params: list[SamplingParams] = []
+        histories: list[History] = []
+        any_history = False
+        for span in sampling:
+            seq = seqs[span.chunk.request_id]
+            first = 0 if span.verify else span.num_rows - 1  # a prompt span samples from its last row
+            p = seq.params
+            any_history |= p.has_penalties
+            for i in range(first, span.num_rows):
+                sample_rows.append(span.row + i)
+                row_params.append(p)
+                if p.has_penalties:
+                    n = seq.num_prompt_tokens
+                    end = span.position + i + 1  # the tokens before the one this row predicts
+                    histories.append(History(seq.token_ids[:n], seq.token_ids[n:end]))
+                else:
+                    histories.append(_EMPTY_HISTORY)
+        if len(sample_rows) == logits.shape[0]:
+            sample_logits = logits  # every row samples (the common decode step)
+        else:
+            index = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
+            sample_logits = logits.index_select(0, index)
+        prepared = self.sampler.prepare(sample_logits, row_params, histories if any_history else ())
+        return prepared, {row: j for j, row in enumerate(sample_rows)}
+
+    def _verify(self, span: RowSpan, seq: SequenceView, prepared: Prepared, at: Mapping[int, int]) -> tuple[int, ...]:
+        """The tokens a verification chunk keeps: accepted drafts, then the first differing token
+        (or the bonus token after the last draft)."""
+        drafts = seq.token_ids[span.position + 1 : span.position + span.num_rows]
+        generator = self._generator(span.chunk.request_id, seq.params)
+        stops = self._stop_ids(seq.params)
+        out: list[int] = []
+        for i in range(span.num_rows):
+            token = prepared.draw([at[span.row + i]], [generator])[0]
+            out.append(token)
+            if i == len(drafts) or token != drafts[i] or token in stops:
+                break
+        return tuple(out)
+
+    def _stop_ids(self, params: SamplingParams) -> frozenset[int] | tuple[int, ...]:
+        if params.ignore_eos:
+            return params.stop_token_ids
+        return self.eos_token_ids.union(params.stop_token_ids) if params.stop_token_ids else self.eos_token_ids
+
+    def _finish(
+        self, span: RowSpan, seq: SequenceView, tokens: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], FinishReason | None]:
+        """`tokens` cut after the first stop token (STOP) or at `max_model_len` (LENGTH)."""
+        p = seq.params
+        stops = self._stop_ids(p)
+        for i, token in enumerate(tokens):
+            if token in stops:
+                return tokens[: i + 1], FinishReason.STOP
+        before = span.position + 1 if span.verify else len(seq.token_ids)  # known tokens before this step's
+        room = max(self.spec.max_model_len - before, 1)
+        if len(tokens) >= room:
+            return tokens[:room], FinishReason.LENGTH  # the sequence is as long as the model allows
+        return tokens, None
+
+    def _logprobs(
+        self,
+        batch: FlatBatch,
+        logits: torch.Tensor,
+        seqs: Mapping[str, SequenceView],
+        sampled: Mapping[str, tuple[int, ...]],
+    ) -> tuple[dict[str, tuple[TokenLogprobs, ...]] | None, dict[str, tuple[TokenLogprobs | None, ...]] | None]:
+        """Log-probabilities of the sampled tokens (requests with `logprobs`) and of the prompt
+        tokens a prompt span predicts."""
+        wanted = _Rows()
+        prompt_spans: list[tuple[str, int, bool]] = []  # (request id, number of entries, starts with None)
+        for span in batch.spans:
+            rid = span.chunk.request_id
+            seq = seqs[rid]
+            if span.prompt_logprobs:
+                k = seq.params.prompt_logprobs or 0
+                # the chunk's positions that predict a prompt token
+                last = min(span.position + span.num_rows, seq.num_prompt_tokens - 1)
+                for pos in range(span.position, last):
+                    wanted.add(span.row + pos - span.position, seq.token_ids[pos + 1], k)
+                prompt_spans.append((rid, max(last - span.position, 0), span.position == 0))
+            if span.chunk.samples and seq.params.logprobs is not None:
+                tokens = sampled[rid]
+                first = 0 if span.verify else span.num_rows - 1
+                for i, token in enumerate(tokens):
+                    wanted.add(span.row + first + i, token, seq.params.logprobs)
+        if not wanted.rows and not prompt_spans:
+            return None, None
+        entries = iter(wanted.compute(logits))
+        prompt: dict[str, tuple[TokenLogprobs | None, ...]] = {}
+        sample: dict[str, tuple[TokenLogprobs, ...]] = {}
+        for span in batch.spans:  # the same order as above
+            rid = span.chunk.request_id
+            if span.prompt_logprobs:
+                _, count, leading = next(p for p in prompt_spans if p[0] == rid)
+                got: list[TokenLogprobs | None] = [None] if leading else []
+                got.extend(next(entries) for _ in range(count))
+                prompt[rid] = tuple(got)
+            if span.chunk.samples and seqs[rid].params.logprobs is not None:
+                sample[rid] = tuple(next(entries) for _ in range(len(sampled[rid])))
+        return (sample or None), (prompt or None)
+
+
+_EMPTY_HISTORY = History((), ())

@@ -17,6 +17,7 @@ from typing import Any
 from contbatch.core.config import SchedulerConfig
 from contbatch.engine.executor import ModelExecutor
 from contbatch.engine.load import DEFAULT_KV_CACHE_MEMORY, LoadedModel, fit_scheduler, load_model
+from contbatch.engine.prompt_bound import bytes_per_token, min_tokens
 from contbatch.engine.tokenizer import Tokenizer
 
 
@@ -29,13 +30,17 @@ class EngineBackend:
         self.model_name = model_name
         self.decoder: Tokenizer = model.tokenizer
         self.vocab_size = model.runner.spec.vocab_size
+        self.bytes_per_token = bytes_per_token(model.tokenizer.backend)  # None: no untokenized bound
 
     def tokenize(self, text: str) -> tuple[int, ...]:
         return tuple(self.decoder.encode(text))
 
-    def chat_prompt(self, messages: Sequence[Any]) -> str:
-        rendered = self.decoder.apply_chat_template([{"role": m.role, "content": m.content} for m in messages])
-        return str(rendered)
+    def min_prompt_tokens(self, text: str, *, stop_at: int | None = None) -> int:
+        return min_tokens(text, self.bytes_per_token, stop_at=stop_at)  # bytes / the longest token's
+
+    def chat_prompt_ids(self, messages: Sequence[Any]) -> tuple[int, ...]:
+        """transformers' `apply_chat_template(..., tokenize=True, add_generation_prompt=True)`."""
+        return tuple(self.decoder.chat_prompt_ids([{"role": m.role, "content": m.content} for m in messages]))
 
     def idle(self) -> None:
         pass

@@ -7,8 +7,8 @@ qwen2 (the same decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP). An
 field and the file.
 
 Architectures: `ARCHITECTURES` maps a config.json `model_type` to an `Architecture`, everything
-that differs between them: transformers' class name, which linear layers carry biases, whether
-the config's `sliding_window` applies, and the fields that turn sliding windows off. The loader
+that differs between them: transformers' class name, which linear layers carry biases, which
+layers the config's `sliding_window` applies to, and the fields that turn sliding windows off. The loader
 (`expected_shapes`) and the model (`LlamaModel`) read only `ModelSpec` fields, never the
 `model_type`. Adding an architecture of this decoder family is one entry here and its test
 (docs/extending.md).
@@ -18,8 +18,16 @@ Spellings accepted:
   {type | rope_type, ...}. Types implemented: default, linear, dynamic, llama3, yarn.
 - dtype: 5.x `dtype`, 4.x `torch_dtype`.
 
+Sliding windows (transformers' rule, `masking_utils.sliding_window_overlay`): in a layer with window
+w, the query at position i attends to the keys at positions j with i - w < j <= i (the last w
+positions, itself included). Mistral applies `sliding_window` (when not null) to every layer;
+Qwen2 only when `use_sliding_window` is true, to the layers `layer_types` marks
+"sliding_attention" (default: layers >= `max_window_layers`); Llama never. A window no shorter
+than max_model_len never binds and is dropped.
+
 Invariants of a `ModelSpec`: num_heads % num_kv_heads == 0; head_dim even; max_model_len <=
-the length the RoPE configuration supports; no sliding window shorter than max_model_len.
+the length the RoPE configuration supports; `layer_windows` is empty (full attention everywhere)
+or holds one entry per layer, each None or a window in [1, max_model_len).
 """
 
 from __future__ import annotations
@@ -76,6 +84,9 @@ class ModelSpec:
     dtype: str  # the checkpoint's declared dtype (float32 | float16 | bfloat16)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()  # config.json and generation_config.json together
+    # Per layer: the sliding window (keys at positions > i - w for the query at i) or None (full
+    # attention); () when no layer has one.
+    layer_windows: tuple[int | None, ...] = ()
 
     @property
     def q_size(self) -> int:
@@ -202,17 +213,13 @@ def _rope_max_len(rope: RopeSpec, max_position_embeddings: int) -> int:
     return max_position_embeddings
 
 
-def _check_sliding_window(f: ConfigFields, arch: Architecture, max_model_len: int, num_layers: int) -> None:
-    window = f.raw.get("sliding_window")
-    if window is None or not arch.uses_sliding_window(f, num_layers):
-        return
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise f.error(f"field 'sliding_window' must be a positive integer or null, got {window!r}")
-    if window < max_model_len:
-        raise UnsupportedModel(
-            f"{f.source}: sliding_window={window} < max_model_len={max_model_len}: sliding-window attention is "
-            f"not implemented; load with max_model_len <= {window} (full attention is identical within the window)"
-        )
+def _layer_windows(f: ConfigFields, arch: Architecture, max_model_len: int, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window (see the module docstring); () when none binds below max_model_len."""
+    windows = arch.sliding_windows(f, num_layers)
+    if len(windows) != num_layers:
+        raise f.error(f"the sliding-window layers name {len(windows)} layers, the model has {num_layers}")
+    kept = tuple(w if w is not None and w < max_model_len else None for w in windows)
+    return kept if any(w is not None for w in kept) else ()
 
 
 def _dtype_name(f: ConfigFields) -> str:
@@ -233,8 +240,22 @@ class Biases:
     mlp: bool = False
 
 
-def _always(f: ConfigFields, num_layers: int) -> bool:
-    return True
+def _window_size(f: ConfigFields) -> int | None:
+    window = f.raw.get("sliding_window")
+    if window is None:
+        return None
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise f.error(f"field 'sliding_window' must be a positive integer or null, got {window!r}")
+    return window
+
+
+def _no_windows(f: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
+    return (None,) * num_layers
+
+
+def _every_layer_windows(f: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
+    """Mistral: `sliding_window`, when set, in every layer."""
+    return (_window_size(f),) * num_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,8 +264,9 @@ class Architecture:
 
     hf_class: str  # transformers' class: config.json's `architectures` entry, e.g. "LlamaForCausalLM"
     biases: Callable[[ConfigFields], Biases] = lambda f: Biases()  # read from the config
-    # Whether the config's `sliding_window` (when set) applies to some layer; (fields, num_layers) -> bool
-    uses_sliding_window: Callable[[ConfigFields, int], bool] = _always
+    # Each layer's sliding window (None: full attention), as transformers reads the config;
+    # (fields, num_layers) -> one entry per layer
+    sliding_windows: Callable[[ConfigFields, int], tuple[int | None, ...]] = _no_windows
     # config.json fields that give full attention in transformers (random checkpoints write them)
     full_attention_config: Mapping[str, Any] = field(default_factory=dict)
 
@@ -254,18 +276,29 @@ def _llama_biases(f: ConfigFields) -> Biases:
     return Biases(qkv=attention, o=attention, mlp=f.bool("mlp_bias", False))
 
 
-def _qwen2_uses_sliding_window(f: ConfigFields, num_layers: int) -> bool:
-    layer_types = f.raw.get("layer_types") or ()
-    uses = f.bool("use_sliding_window", False) and f.int("max_window_layers", num_layers, minimum=0) < num_layers
-    return uses or "sliding_attention" in layer_types
+def _qwen2_windows(f: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
+    """Qwen2Config: `sliding_window` counts only with `use_sliding_window`; it applies to the layers
+    `layer_types` marks "sliding_attention" (default: those at index >= `max_window_layers`)."""
+    window = _window_size(f) if f.bool("use_sliding_window", False) else None
+    layer_types = f.raw.get("layer_types")
+    if layer_types is None:
+        first = f.int("max_window_layers", 28, minimum=0)
+        sliding = [window is not None and i >= first for i in range(num_layers)]
+    elif isinstance(layer_types, list) and all(t in ("full_attention", "sliding_attention") for t in layer_types):
+        sliding = [t == "sliding_attention" for t in layer_types]
+        if any(sliding) and window is None:
+            raise f.error("layer_types has 'sliding_attention' layers but no sliding window (use_sliding_window)")
+    else:
+        raise f.error(f"field 'layer_types' must list 'full_attention' / 'sliding_attention', got {layer_types!r}")
+    return tuple(window if s else None for s in sliding)
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture("LlamaForCausalLM", biases=_llama_biases),
-    "mistral": Architecture("MistralForCausalLM", full_attention_config={"sliding_window": None}),
-    "qwen2": Architecture(
-        "Qwen2ForCausalLM", biases=lambda f: Biases(qkv=True), uses_sliding_window=_qwen2_uses_sliding_window
+    "mistral": Architecture(
+        "MistralForCausalLM", sliding_windows=_every_layer_windows, full_attention_config={"sliding_window": None}
     ),
+    "qwen2": Architecture("Qwen2ForCausalLM", biases=lambda f: Biases(qkv=True), sliding_windows=_qwen2_windows),
 }
 """The supported config.json `model_type`s."""
 
@@ -320,7 +353,7 @@ def parse_config(
     if max_model_len is not None and not 1 <= max_model_len <= limit:
         raise UnsupportedModel(f"{source}: max_model_len={max_model_len} must be in [1, {limit}] for this model")
     model_len = max_model_len or limit
-    _check_sliding_window(f, arch, model_len, num_layers)
+    layer_windows = _layer_windows(f, arch, model_len, num_layers)
     biases = arch.biases(f)
     eos = _token_ids(raw.get("eos_token_id"), "eos_token_id", source)
     if generation_config is not None:
@@ -346,4 +379,5 @@ def parse_config(
         dtype=_dtype_name(f),
         bos_token_id=bos[0] if bos else None,
         eos_token_ids=tuple(dict.fromkeys(eos)),
+        layer_windows=layer_windows,
     )

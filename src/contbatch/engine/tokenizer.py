@@ -5,9 +5,14 @@ and the chat template. Files read from the directory (never the network): `token
 (required), `tokenizer_config.json`, `special_tokens_map.json`, `chat_template.jinja`
 (transformers 5 writes the template there; it wins over `chat_template` in the config).
 
-BOS/EOS insertion follows transformers' `TokenizersBackend`: when the config states
-`add_bos_token` / `add_eos_token`, or `tokenizer.json` has no post-processor, the post-processor
-is rebuilt from those flags; otherwise the one in `tokenizer.json` is used as is.
+Special tokens are added as transformers 5.x adds them when a `tokenizer.json` is present (its
+`_from_pretrained` drops `add_bos_token` / `add_eos_token` from tokenizer_config.json, whatever the
+`tokenizer_class`): the post-processor of `tokenizer.json` is used as is; without one, nothing is
+added (transformers installs an empty template, `$A` / `$A $B`). The flags themselves are ignored.
+
+Chat prompts: `chat_prompt_ids` is `apply_chat_template(messages, tokenize=True,
+add_generation_prompt=True)`: the rendered text encoded *without* adding special tokens, as
+transformers encodes it; a template that writes the BOS itself gets exactly one.
 """
 
 from __future__ import annotations
@@ -72,8 +77,8 @@ class Tokenizer:
                 self.special_tokens[name] = text
         self.bos_token_id = self._id_of(self.special_tokens.get("bos_token"))
         self.eos_token_id = self._id_of(self.special_tokens.get("eos_token"))
-        if "add_bos_token" in config or "add_eos_token" in config or backend.post_processor is None:
-            self._rebuild_post_processor(bool(config.get("add_bos_token")), bool(config.get("add_eos_token")))
+        if backend.post_processor is None:  # transformers' update_post_processor with both flags off
+            backend.post_processor = processors.TemplateProcessing(single="$A:0", pair="$A:0 $B:1", special_tokens=[])
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:
@@ -91,16 +96,6 @@ class Tokenizer:
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
-
-    def _rebuild_post_processor(self, add_bos: bool, add_eos: bool) -> None:
-        bos, eos = self.special_tokens.get("bos_token"), self.special_tokens.get("eos_token")
-        add_bos = add_bos and bos is not None and self.bos_token_id is not None
-        add_eos = add_eos and eos is not None and self.eos_token_id is not None
-        single = f"{(f'{bos}:0 ') if add_bos else ''}$A:0{(f' {eos}:0') if add_eos else ''}"
-        pair = f"{single}{(f' {bos}:1') if add_bos else ''} $B:1{(f' {eos}:1') if add_eos else ''}"
-        special = [(bos, self.bos_token_id)] if add_bos else []
-        special += [(eos, self.eos_token_id)] if add_eos else []
-        self.backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
 
     @property
     def vocab_size(self) -> int:
@@ -140,3 +135,10 @@ class Tokenizer:
             **kwargs,
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text
+
+    def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list[int]:
+        """The token ids of the chat prompt for `messages`, as transformers'
+        `apply_chat_template(messages, tokenize=True, add_generation_prompt=True)` gives them."""
+        ids = self.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **kwargs)
+        assert isinstance(ids, list)
+        return ids

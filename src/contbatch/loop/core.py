@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from contbatch.core.base import SchedulerBase
-from contbatch.core.outputs import AddDecision, SchedulerOutput, StepResult
+from contbatch.core.outputs import AddDecision, SchedulerOutput, StepResult, TokenLogprobs
 from contbatch.core.request import Request
 from contbatch.core.status import FinishReason
 from contbatch.loop.clock import Clock
@@ -59,6 +59,11 @@ class RequestOutput:
     finish_reason: FinishReason | None = None  # the final output only
     finish_detail: str = ""  # why, in words (REJECTED, TIMEOUT, ERROR, CANCELLED)
     reject_kind: str = ""  # REJECTED only: the scheduler's kind (queue_full, max_model_len, ...)
+    # with SamplingParams.logprobs: one entry per token of token_ids (the executor's StepResult)
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    # with SamplingParams.prompt_logprobs: one per prompt token (None for the first), in the
+    # output that carries the first tokens
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
     @property
     def is_final(self) -> bool:
@@ -205,7 +210,7 @@ class EngineCore:
                 self._fail_step(out, exc)
                 done = []
             if self._tracked:
-                self._process(out, done, end)
+                self._process(out, done, end, flight.result)
         if self.observers:
             self.observe(StepRecord(out, flight.start_ts, end, flight.kv_usage, _num_sampled(flight.result)))
         return done
@@ -245,14 +250,14 @@ class EngineCore:
             if tracked is not None:
                 self._final(tracked, reason=FinishReason.ERROR, detail=detail, ts=now)
 
-    def _process(self, out: SchedulerOutput, done: list[Request], now: float) -> None:
+    def _process(self, out: SchedulerOutput, done: list[Request], now: float, result: StepResult | None = None) -> None:
         """Each tracked request of the step: its new tokens as text, stop strings, its end."""
         tracked = self._tracked
         for chunk in out.chunks:
             entry = tracked.get(chunk.request_id)
             if entry is not None and chunk.samples:
                 try:
-                    self._deliver(entry, now)
+                    self._deliver(entry, now, result)
                 except Exception as exc:  # detokenization or a stop check failed: this request alone
                     log.exception("output processing failed for %s", chunk.request_id)
                     self.fail((chunk.request_id,), f"its output could not be processed: {type(exc).__name__}: {exc}")
@@ -261,24 +266,38 @@ class EngineCore:
             if entry is not None:  # ended without sampling this step (an executor error)
                 self._final(entry, flush=True)
 
-    def _deliver(self, entry: _Tracked, now: float) -> None:
+    def _deliver(self, entry: _Tracked, now: float, result: StepResult | None = None) -> None:
         request = entry.request
         new = tuple(request.output_token_ids[entry.num_reported :])
         entry.num_reported = request.num_output_tokens
         self.totals.num_output_tokens += len(new)
         if not new and not request.is_finished:
             return
+        logprobs: tuple[TokenLogprobs, ...] = ()
+        prompt_logprobs = None
+        if result is not None and (result.logprobs or result.prompt_logprobs):  # the engine, when asked
+            logprobs = (result.logprobs or {}).get(request.request_id, ())[: len(new)]
+            prompt_logprobs = (result.prompt_logprobs or {}).get(request.request_id)
         delta = entry.stream.add(new) if new else None
         text = delta.text if delta is not None else ""
         if delta is not None and delta.stopped:
             if not request.is_finished:
                 self.scheduler.cancel(request.request_id, now, FinishReason.STOP)
-            self._final(entry, token_ids=new, text=text, reason=FinishReason.STOP)
+            self._final(entry, token_ids=new, text=text, reason=FinishReason.STOP, logprobs=(logprobs, prompt_logprobs))
         elif request.is_finished:
-            self._final(entry, token_ids=new, text=text, flush=True)
+            self._final(entry, token_ids=new, text=text, flush=True, logprobs=(logprobs, prompt_logprobs))
         else:
             self._outputs.append(
-                RequestOutput(request.request_id, now, request.num_prompt_tokens, request.num_output_tokens, new, text)
+                RequestOutput(
+                    request.request_id,
+                    now,
+                    request.num_prompt_tokens,
+                    request.num_output_tokens,
+                    new,
+                    text,
+                    logprobs=logprobs,
+                    prompt_logprobs=prompt_logprobs,
+                )
             )
 
     def _finish_ids(self, request_ids: Iterable[str]) -> None:
@@ -298,6 +317,7 @@ class EngineCore:
         detail: str | None = None,
         ts: float | None = None,
         reject_kind: str = "",
+        logprobs: tuple[tuple[TokenLogprobs, ...], tuple[TokenLogprobs | None, ...] | None] = ((), None),
     ) -> None:
         """The request's final output: `text`, plus (`flush`) what its stream held back."""
         request = entry.request
@@ -308,26 +328,27 @@ class EngineCore:
             except Exception:  # the held-back tail is lost; the request still ends, once
                 log.exception("the text stream of %s failed at its end", request.request_id)
         finished_ts = request.timeline.finished_ts
-        self._outputs.append(
-            RequestOutput(
-                request.request_id,
-                finished_ts if finished_ts is not None else (ts if ts is not None else self.clock.now()),
-                request.num_prompt_tokens,
-                request.num_output_tokens,
-                token_ids,
-                text,
-                finish_reason=reason or request.finish_reason or FinishReason.ERROR,
-                finish_detail=request.finish_detail if detail is None else detail,
-                reject_kind=reject_kind,
-            )
+        final = RequestOutput(
+            request.request_id,
+            finished_ts if finished_ts is not None else (ts if ts is not None else self.clock.now()),
+            request.num_prompt_tokens,
+            request.num_output_tokens,
+            token_ids,
+            text,
+            finish_reason=reason or request.finish_reason or FinishReason.ERROR,
+            finish_detail=request.finish_detail if detail is None else detail,
+            reject_kind=reject_kind,
+            logprobs=logprobs[0],
+            prompt_logprobs=logprobs[1],
         )
+        self._outputs.append(final)
         if request.is_finished and self.observers:
-            self._notify_finished(request)
+            self._notify_finished(request, final)
 
-    def _notify_finished(self, request: Request) -> None:
+    def _notify_finished(self, request: Request, final: RequestOutput) -> None:
         for observer in self.observers:
             try:
-                observer.on_finished(request)
+                observer.on_finished(request, final)
             except Exception:  # an observer must never fail requests
                 log.exception("observer on_finished failed for %s", request.request_id)
 

@@ -96,7 +96,11 @@ class Intake:
         max_tokens = params.max_tokens
         if max_tokens is None:
             max_tokens = max(1, limit - len(ids)) if limit is not None else 16
-        block_size = self.hash_block_size
+        vocab = self.vocab_size
+        if params.logit_bias and vocab is not None and params.logit_bias[-1][0] >= vocab:
+            raise IntakeError(f"logit_bias names token id {params.logit_bias[-1][0]}, outside [0, {vocab})")
+        # prompt logprobs need every prompt position computed: no prefix-cache hits (vLLM's rule)
+        block_size = self.hash_block_size if params.prompt_logprobs is None else None
         return Request(
             request_id,
             arrival_ts,

@@ -10,10 +10,13 @@ omitted from `out.chunks` and counted in `out.num_omitted_decodes`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from contbatch.core.outputs import SchedulerOutput
 from contbatch.core.request import Request
+
+if TYPE_CHECKING:
+    from contbatch.loop.core import RequestOutput
 
 
 class StepRecord(NamedTuple):
@@ -31,8 +34,11 @@ class StepObserver:
     def on_step(self, record: StepRecord) -> None:
         """A step ended (its result applied)."""
 
-    def on_finished(self, request: Request) -> None:
-        """A request the loop produces outputs for ended (any reason), after its final output."""
+    def on_finished(self, request: Request, final: RequestOutput) -> None:
+        """A request the loop produces outputs for ended, after its final output `final`: the
+        request's timeline gives its latencies, `final.finish_reason` the reason its client saw
+        (it differs from the scheduler's when the loop ended it: a stop string on its last
+        token, a failure while producing its text)."""
 
 
 @dataclass(slots=True)

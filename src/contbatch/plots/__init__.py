@@ -11,6 +11,8 @@ step observer collects (`StepSeries`). Each plot function writes ``<stem>.png`` 
 - `plot_capacity`: throughput/goodput and latency percentiles against request rate;
 - `plot_steps`: KV usage, batch size and batched tokens over time;
 - `plot_grid_metric`: one metric across a `contbatch.sweep` grid;
+- `plot_fleet_load`, `plot_replica_count`, `plot_cost_goodput`: fleets (`contbatch.sim.cluster`):
+  per-replica load and KV usage over time, replicas over time, cost against goodput;
 - `write_run_plots`: the plots of one `contbatch simulate` / `compare --plot DIR`.
 
 matplotlib is imported lazily inside the functions (Agg canvas, no pyplot): importing this
@@ -19,6 +21,7 @@ package does not import it.
 
 from contbatch.plots.capacity import plot_capacity
 from contbatch.plots.cdf import latency_samples, plot_latency_cdfs
+from contbatch.plots.fleet import plot_cost_goodput, plot_fleet_load, plot_replica_count
 from contbatch.plots.grid import grid_layout, plot_grid_metric
 from contbatch.plots.runs import MAX_TIMELINE_REQUESTS, write_run_plots
 from contbatch.plots.steps import StepPoint, StepSeries, plot_steps
@@ -33,8 +36,11 @@ __all__ = [
     "grid_layout",
     "latency_samples",
     "plot_capacity",
+    "plot_cost_goodput",
+    "plot_fleet_load",
     "plot_grid_metric",
     "plot_latency_cdfs",
+    "plot_replica_count",
     "plot_request_timeline",
     "plot_steps",
     "request_segments",

@@ -1,13 +1,18 @@
 """The OpenAI-compatible HTTP server (FastAPI).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (`contbatch.server.serving`),
-``GET /v1/models``, ``GET /health`` (200 while the step driver runs, 503 otherwise) and
+``GET /v1/models``, ``GET /v1/models/{id}`` (its card, or 404 ``model_not_found``),
+``GET``/``HEAD /health`` (200 while the step driver runs, 503 otherwise) and
 ``GET /metrics`` (Prometheus text, `contbatch.server.metrics`).
 
 Every error, including unknown routes, wrong methods and failures of our own, is answered with
 the OpenAI error JSON; nothing a client sends can stop the process. The app starts its
 `EngineClient` on startup and shuts it down gracefully (in-flight requests get
 `ServerConfig.shutdown_grace_s`, then are cancelled) on shutdown.
+
+Before any route, the `contbatch.server.auth.Gate` answers 401 (API keys, on the ``/v1/``
+routes), 415 (a POST body not declared ``application/json``) and 429 (a key over its quotas);
+long prompts are tokenized on a bounded pool (`contbatch.server.admission`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from contbatch.server.admission import TokenizerPool
+from contbatch.server.auth import Gate
 from contbatch.server.client import EngineClient
 from contbatch.server.protocol import APIError
 from contbatch.server.serving import ServerConfig, error_response, generate
@@ -38,10 +45,15 @@ def create_app(client: EngineClient, config: ServerConfig | None = None) -> Fast
         client.start()
         yield
         await asyncio.to_thread(client.shutdown, config.shutdown_grace_s)
+        pool.close()
 
     app = FastAPI(title="contbatch", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.client = client
     app.state.config = config
+    pool = app.state.tokenizer_pool = TokenizerPool(
+        config.tokenizer_workers, config.tokenizer_queue, retry_after_s=config.retry_after_s
+    )
+    app.add_middleware(Gate, keys=config.api_keys)  # 401 (API keys), 415 (not JSON), 429 (key quotas)
     _add_error_handlers(app)
     _add_routes(app, client)
     return app
@@ -80,10 +92,9 @@ def _add_routes(app: FastAPI, client: EngineClient) -> None:
     async def chat_completions(request: Request) -> Response:
         return await _guarded(generate(request, chat=True))
 
-    @app.get("/v1/models")
-    async def models() -> Response:
+    def model_card() -> dict[str, object]:
         info = client.model
-        card = {
+        return {
             "id": info.name,
             "object": "model",
             "created": info.created,
@@ -93,12 +104,26 @@ def _add_routes(app: FastAPI, client: EngineClient) -> None:
             "max_model_len": info.max_model_len,
             "backend": info.backend,
         }
-        return JSONResponse({"object": "list", "data": [card]})
 
-    @app.get("/health")
-    async def health() -> Response:
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        name = client.model.name
+        if model_id != name:
+            message = f"the model '{model_id}' does not exist; this server serves '{name}'"
+            return error_response(APIError(404, message, param="model", code="model_not_found"))
+        return JSONResponse(model_card())
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health(request: Request) -> Response:
         status = client.health()
-        return JSONResponse({"status": "ok" if status.ok else status.detail}, status_code=200 if status.ok else 503)
+        code = 200 if status.ok else 503
+        if request.method == "HEAD":
+            return Response(status_code=code)
+        return JSONResponse({"status": "ok" if status.ok else status.detail}, status_code=code)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from contbatch.server.backends.base import Backend, ChatMessage
+from contbatch.core.config import SchedulerConfig
+from contbatch.server.backends.base import Backend, ChatMessage, PromptBound
 from contbatch.server.driver import Driver
 from contbatch.server.metrics import ServerMetrics
 from contbatch.server.types import DriverSnapshot, RequestEvent, Submission
@@ -31,6 +32,9 @@ class ModelInfo:
     max_model_len: int | None  # prompt + output tokens at most; None: no limit
     vocab_size: int | None
     created: int  # unix seconds, when the server started
+    # request fields the backend cannot honour -> why (a request asking for one gets a 400)
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    kv_capacity_tokens: int | None = None  # prompt + output tokens the KV cache can hold; None: no limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +105,14 @@ class EngineClient(Protocol):
         holds an id outside the vocabulary."""
         ...
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str: ...
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]: ...  # unchecked: see prompt_ids
+
+    def min_prompt_tokens(self, text: str, *, stop_at: int | None = None) -> int:
+        """A lower bound on the tokens of `text`, without tokenizing it (0 when the backend has
+        none); it may stop counting at `stop_at`."""
+        ...
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str: ...  # thread-safe
 
     def generate(self, submission: Submission) -> RequestStream:
         """Submit on the running event loop; `DriverClosed` when the server is shutting down."""
@@ -136,6 +147,8 @@ class DriverClient:
             max_model_len=backend.config.max_model_len,
             vocab_size=backend.vocab_size,
             created=int(time.time()),
+            unsupported=dict(getattr(backend, "unsupported_fields", {})),
+            kv_capacity_tokens=_kv_capacity(self.driver.scheduler.config),
         )
 
     @property
@@ -148,8 +161,15 @@ class DriverClient:
     def prompt_ids(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
         return self.driver.intake.prompt_ids(prompt)
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        return self.backend.chat_prompt(messages)
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        return self.backend.chat_prompt_ids(messages)
+
+    def min_prompt_tokens(self, text: str, *, stop_at: int | None = None) -> int:
+        backend = self.backend
+        return backend.min_prompt_tokens(text, stop_at=stop_at) if isinstance(backend, PromptBound) else 0
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return self.backend.decoder.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def generate(self, submission: Submission) -> RequestStream:
         stream = RequestStream(submission.request_id, self)
@@ -182,3 +202,9 @@ class DriverClient:
     def shutdown(self, grace_s: float) -> None:
         self.driver.stop(grace_s)
         self.backend.close()
+
+
+def _kv_capacity(config: SchedulerConfig) -> int | None:
+    """Tokens the KV cache holds (prompt + output of one request at most); None without a KV budget."""
+    kv = config.kv
+    return None if kv is None else kv.num_blocks * kv.block_size

@@ -80,6 +80,7 @@ class Driver:
         self._halt = False
         self._thread: threading.Thread | None = None
         self.snapshot = DriverSnapshot()  # replaced (never mutated) after every iteration
+        self._rejections: dict[str, int] = {}  # kind -> submissions refused here (the scheduler never saw them)
 
     # -- any thread ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -211,6 +212,7 @@ class Driver:
     def _reject(
         self, sub: Submission, to: tuple[asyncio.AbstractEventLoop, EventSink], now: float, kind: str, detail: str
     ) -> None:
+        self._rejections[kind] = self._rejections.get(kind, 0) + 1
         event = RequestEvent(
             sub.request_id,
             now,
@@ -256,4 +258,5 @@ class Driver:
             num_failed_steps=totals.num_failed_steps,
             accepting=self._accepting,
             stats=scheduler.stats.as_dict(),
+            rejections=dict(self._rejections),
         )

@@ -3,19 +3,34 @@
 Two sources, no callbacks sprinkled through the code:
 
 - the driver's snapshot (`DriverSnapshot`, replaced after every step), read at scrape time by a
-  collector: the gauges (running, waiting, paused requests, KV usage) and the counters the
-  scheduler keeps (preemptions, padding waste, generated-but-unsent tokens, rejections, steps);
+  collector: the gauges (running, waiting, paused requests, KV usage) and the counters the loop
+  and the scheduler keep (generated tokens, steps, failed steps, padding waste, preemptions,
+  prefix cache queries and hits, generated-but-unsent tokens, rejections);
 - the step loop's observer calls (a `contbatch.loop.StepObserver`), on the driver thread:
-  `on_step` counts generated tokens and times the step, and
-  `on_finished` observes the latency histograms from the finished request's timeline with the
-  definitions of `contbatch.metrics.request` (one definition of TTFT, TPOT, ITL, E2E, queue time)
-  and counts the request by finish reason; its prompt tokens and latencies count only when its
-  prompt was processed (it was scheduled or emitted a token, as `contbatch.metrics.summarize`
-  counts input tokens): a rejected request has no latency to observe.
+  `on_step` times the step, and `on_finished` counts the finished request by its finish reason
+  and observes the latency histograms from its timeline with the definitions of
+  `contbatch.metrics.request` (one definition of TTFT, TPOT, ITL, E2E, queue time); its prompt
+  tokens and latencies count only when its prompt was processed (it was scheduled or emitted a
+  token, as `contbatch.metrics.summarize` counts input tokens): a request that never ran has no
+  latency to observe.
 
-``request_success_total`` carries every finish reason (length, stop, cancelled, timeout,
-rejected, error) in its ``finished_reason`` label, so its sum is the number of finished requests.
-Every metric has a ``model_name`` label. The registry is per server (no global state).
+Finished requests, one family per outcome, so that no family mixes successes and failures:
+
+- ``request_success_total{finished_reason}``: ``stop`` or ``length`` only (vLLM's names; vLLM's
+  ``abort`` has its own families here);
+- ``request_cancelled_total``: cancelled by the client (a disconnect) or by the server's shutdown;
+- ``request_timeout_total``: a TTFT or total-time limit passed;
+- ``request_rejected_total{reason}``: refused at admission (the scheduler's kind: ``queue_full``,
+  ``max_model_len``, ``kv_capacity``, ``token_budget``, ``tenant_quota``; the driver's:
+  ``duplicate_id``, ``invalid``, ``internal``); requests refused by the HTTP layer (a 400, 404
+  or 413 before the driver saw them) are not counted;
+- ``request_failed_total{stage}``: ended with an error: ``step`` (the executor, i.e. the
+  forward pass or sampling, or applying its result), ``output`` (detokenization or the stop
+  check), ``internal`` (the driver), ``other``.
+
+Their sum is the number of requests the driver finished. Every family is exported from the
+start, each known label value at 0. Every metric has a ``model_name`` label. The registry is per
+server (no global state).
 """
 
 from __future__ import annotations
@@ -27,6 +42,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from contbatch.core.request import Request
+from contbatch.core.status import FinishReason
+from contbatch.loop.core import RequestOutput
 from contbatch.loop.observe import StepObserver, StepRecord
 from contbatch.metrics.request import request_metrics
 from contbatch.server.types import DriverSnapshot
@@ -105,7 +122,26 @@ REQUEST_BUCKETS = (
 )
 STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
-# snapshot counters: (metric name without _total, help, SchedulerStats / snapshot key)
+SUCCESS_REASONS = ("stop", "length")
+REJECT_KINDS = (  # shown at 0 from the start; any other kind appears when it happens
+    "queue_full",
+    "max_model_len",
+    "kv_capacity",
+    "token_budget",
+    "tenant_quota",
+    "duplicate_id",
+    "invalid",
+    "internal",
+)
+FAILURE_STAGES = ("step", "output", "internal", "other")
+# how the loop and the driver word an ERROR's detail, by stage (the first match wins)
+_STAGE_PREFIXES = (
+    ("the executor failed", "step"),
+    ("its output could not be processed", "output"),
+    ("internal error", "internal"),
+)
+
+# snapshot counters: (metric name without _total, help, SchedulerStats key)
 _STAT_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("num_preemptions", "Preemptions (recompute or swap) of running requests.", "num_preemptions"),
     ("num_recomputed_tokens", "Prefill tokens computed again after a recompute preemption.", "num_recomputed_tokens"),
@@ -119,7 +155,25 @@ _STAT_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "Running requests preempted because their client stopped reading.",
         "num_pause_preemptions",
     ),
+    (
+        "prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache (first admissions, with prefix caching on).",
+        "num_prefix_query_tokens",
+    ),
+    (
+        "prefix_cache_hits",
+        "Prompt tokens found in the prefix cache (prefill saved).",
+        "num_prefix_hit_tokens",
+    ),
 )
+
+
+def failure_stage(detail: str) -> str:
+    """The stage a request with finish reason ERROR failed at, from its detail: one of `FAILURE_STAGES`."""
+    for prefix, stage in _STAGE_PREFIXES:
+        if detail.startswith(prefix):
+            return stage
+    return "other"
 
 
 class ServerMetrics(StepObserver):
@@ -133,11 +187,26 @@ class ServerMetrics(StepObserver):
         self.prompt_tokens = Counter(
             PREFIX + "prompt_tokens", "Prompt tokens of processed requests.", labels, registry=reg
         )
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Output tokens generated.", labels, registry=reg)
         self.request_success = Counter(
             PREFIX + "request_success",
-            "Finished requests, by finish reason.",
+            "Requests that finished normally, by finish reason (stop, length).",
             ["model_name", "finished_reason"],
+            registry=reg,
+        )
+        self.request_cancelled = Counter(
+            PREFIX + "request_cancelled",
+            "Requests cancelled by their client (a disconnect) or by the server's shutdown.",
+            labels,
+            registry=reg,
+        )
+        self.request_timeout = Counter(
+            PREFIX + "request_timeout", "Requests ended by a TTFT or total-time limit.", labels, registry=reg
+        )
+        self.request_failed = Counter(
+            PREFIX + "request_failed",
+            "Requests ended by an error, by stage (step: the executor; output: detokenization or the stop check; "
+            "internal: the driver; other).",
+            ["model_name", "stage"],
             registry=reg,
         )
         self.ttft = Histogram(
@@ -171,21 +240,34 @@ class ServerMetrics(StepObserver):
             PREFIX + "step_duration_seconds", "Wall time of one step.", labels, buckets=STEP_BUCKETS, registry=reg
         )
         reg.register(_SnapshotCollector(snapshot, model_name))
-        for reason in ("length", "stop", "cancelled", "timeout", "rejected", "error"):
-            self.request_success.labels(model_name, reason)  # every reason shows, at 0 until it happens
+        # every series shows from the start, at 0 until it happens
+        for metric in (
+            self.prompt_tokens,
+            self.request_cancelled,
+            self.request_timeout,
+            self.ttft,
+            self.itl,
+            self.tpot,
+            self.e2e,
+            self.queue,
+            self.step_time,
+        ):
+            metric.labels(model_name)
+        for reason in SUCCESS_REASONS:
+            self.request_success.labels(model_name, reason)
+        for stage in FAILURE_STAGES:
+            self.request_failed.labels(model_name, stage)
 
     # -- StepObserver (the driver thread) -------------------------------------------------------
     def on_step(self, record: StepRecord) -> None:
-        if record.num_sampled_tokens:
-            self.generation_tokens.labels(self.model_name).inc(record.num_sampled_tokens)
         self.step_time.labels(self.model_name).observe(record.end_ts - record.start_ts)
 
-    def on_finished(self, request: Request) -> None:
+    def on_finished(self, request: Request, final: RequestOutput) -> None:
         m = request_metrics(request.timeline)
-        name = self.model_name
-        self.request_success.labels(name, m.finish_reason.value).inc()
+        self._count_finish(final.finish_reason or m.finish_reason, final.finish_detail)  # what the client saw
         if m.first_scheduled_ts is None and m.num_output_tokens == 0:
             return  # never ran (rejected, or cancelled / timed out while waiting): no latency to observe
+        name = self.model_name
         self.prompt_tokens.labels(name).inc(m.num_prompt_tokens)
         if m.ttft is not None:
             self.ttft.labels(name).observe(m.ttft)
@@ -198,12 +280,25 @@ class ServerMetrics(StepObserver):
             itl.observe(gap)
         self.e2e.labels(name).observe(m.e2e)
 
+    def _count_finish(self, reason: FinishReason, detail: str) -> None:
+        name = self.model_name
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.request_success.labels(name, reason.value).inc()
+        elif reason is FinishReason.CANCELLED:
+            self.request_cancelled.labels(name).inc()
+        elif reason is FinishReason.TIMEOUT:
+            self.request_timeout.labels(name).inc()
+        elif reason is FinishReason.ERROR:
+            self.request_failed.labels(name, failure_stage(detail)).inc()
+        # REJECTED: counted by kind from the scheduler's and the driver's counters (request_rejected_total)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
 class _SnapshotCollector(Collector):
-    """Gauges and scheduler counters, read from the driver's latest snapshot at scrape time."""
+    """Gauges and the loop's and scheduler's counters, read from the driver's latest snapshot at
+    scrape time."""
 
     def __init__(self, snapshot: Callable[[], DriverSnapshot], model_name: str) -> None:
         self._snapshot = snapshot
@@ -217,20 +312,33 @@ class _SnapshotCollector(Collector):
         yield self._gauge("num_requests_paused", "Running requests paused: their client has not read.", snap.num_paused)
         yield self._gauge("kv_cache_usage_perc", "Fraction of KV blocks in use (0 to 1).", snap.kv_usage)
         yield self._counter(
+            "generation_tokens", "Output tokens generated (appended to requests).", snap.num_generated_tokens
+        )
+        yield self._counter(
             "padding_tokens", "Token-work computed for no request (padding waste).", snap.num_padding_tokens
         )
         yield self._counter("num_steps", "Steps run.", snap.num_steps)
-        yield self._counter("num_failed_steps", "Steps whose executor raised.", snap.num_failed_steps)
+        yield self._counter(
+            "num_failed_steps", "Steps whose executor raised (their requests end with an error).", snap.num_failed_steps
+        )
         for name, doc, key in _STAT_COUNTERS:
             value = stats.get(key, 0)
             yield self._counter(name, doc, float(value) if isinstance(value, (int, float)) else 0.0)
-        rejections = CounterMetricFamily(
-            PREFIX + "request_rejected", "Requests refused at admission, by kind.", labels=["model_name", "reason"]
+        yield self._rejections(stats.get("rejections"), snap.rejections)
+
+    def _rejections(self, scheduler: object, driver: dict[str, int]) -> CounterMetricFamily:
+        counts = dict.fromkeys(REJECT_KINDS, 0)
+        for source in (scheduler if isinstance(scheduler, dict) else {}, driver):
+            for kind, count in source.items():
+                counts[str(kind)] = counts.get(str(kind), 0) + int(count)
+        family = CounterMetricFamily(
+            PREFIX + "request_rejected",
+            "Requests refused at admission, by kind (the scheduler's or the driver's).",
+            labels=["model_name", "reason"],
         )
-        raw = stats.get("rejections", {})
-        for kind, count in sorted(raw.items()) if isinstance(raw, dict) else ():
-            rejections.add_metric([self._model_name, str(kind)], float(count))
-        yield rejections
+        for kind, count in counts.items():
+            family.add_metric([self._model_name, kind], float(count))
+        return family
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])

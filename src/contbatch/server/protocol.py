@@ -4,18 +4,25 @@ Everything a client can get wrong is answered here with an `APIError`: an HTTP s
 OpenAI error JSON ``{"error": {"message", "type", "param", "code"}}`` whose message and
 ``param`` name the field. Bodies larger than the limit get 413, bodies that are not UTF-8 or not
 a JSON object 400. Unknown fields are ignored (as vLLM does); known features this server does
-not have (n > 1, best_of > 1, echo, logprobs, suffix, tools, logit_bias, non-text response
-formats or content parts) are refused with 400 rather than silently dropped.
+not have (best_of > 1, suffix, tools, echo on chat, non-text response formats or content parts)
+are refused with 400 rather than silently dropped, and so are fields a backend cannot honour
+(`ModelInfo.unsupported`: the sim backend has no model, hence no logprobs or penalties).
 
 Defaults: ``max_tokens`` is 16 for completions (OpenAI's); for chat, absent, the server's
-default (or what the context leaves); ``max_completion_tokens`` wins over ``max_tokens``.
-``temperature`` in [0, 2], ``top_p`` in (0, 1], ``presence_penalty``/``frequency_penalty`` in
-[-2, 2] (accepted, ignored), ``stop`` a string or up to 16 strings, ``priority`` an integer
-(lower runs first with a priority queue order).
+default (or what the context leaves); ``max_completion_tokens`` wins over ``max_tokens``;
+``max_tokens`` 0 only with ``echo`` (the prompt alone comes back). ``temperature`` in [0, 2],
+``top_p`` in (0, 1], ``presence_penalty``/``frequency_penalty`` in [-2, 2],
+``repetition_penalty`` in [0.01, 100], ``top_k`` -1, 0 (both off) or >= 1, ``min_p`` in [0, 1],
+``logit_bias`` an object of token id (a decimal string) -> bias in [-100, 100], ``seed`` any
+64-bit integer ([-2^63, 2^64 - 1]), ``n`` 1 to 128 choices, ``logprobs`` 0 to 20 (completions:
+an integer; chat: true, with ``top_logprobs`` 0 to 20), ``stop`` a string or up to 16 strings,
+``priority`` an integer (lower runs first with a priority queue order). The sampling rules are
+`contbatch.loop.params`'.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Mapping
@@ -24,11 +31,21 @@ from typing import Any
 
 from starlette.requests import Request
 
+from contbatch.loop.params import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MIN_REPETITION_PENALTY,
+    MIN_SEED,
+)
 from contbatch.server.backends.base import ChatMessage
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 MAX_STOP_STRINGS = 16
 MAX_INT = (1 << 31) - 1
+MAX_N = 128  # choices per request at most
+LARGE_BODY_BYTES = 256 << 10  # larger request bodies are parsed on a worker thread
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 _TYPES = {
@@ -88,14 +105,58 @@ class GenerationRequest:
     include_usage: bool  # stream: a final chunk with usage and no choices
     continuous_usage: bool  # stream: usage in every chunk
     priority: int
+    n: int = 1  # choices
+    echo: bool = False  # completions: the prompt comes back before the output
+    logprobs: int | None = None  # None: none; k: each output token's logprob and the k most likely
+    top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id
+    max_tokens_field: str = "max_tokens"  # the field max_tokens came from (chat: or max_completion_tokens)
+
+    def nondefault(self) -> list[str]:
+        """The names of the request's fields (as the client spells them) whose values ask a
+        backend for something: what a backend that cannot honour a field refuses."""
+        asked = {
+            "n": self.n != 1,
+            "logprobs": self.logprobs is not None,
+            "echo": self.echo,
+            "top_k": self.top_k > 0,
+            "min_p": self.min_p > 0,
+            "presence_penalty": self.presence_penalty != 0,
+            "frequency_penalty": self.frequency_penalty != 0,
+            "repetition_penalty": self.repetition_penalty != 1,
+            "logit_bias": bool(self.logit_bias),
+        }
+        return [name for name, on in asked.items() if on]
 
 
 # -- the body ---------------------------------------------------------------------------------
-async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 beyond `limit` bytes, 400 unless UTF-8 JSON of an object."""
+async def read_json_body(request: Request, limit: int, *, timeout_s: float | None = None) -> dict[str, Any]:
+    """The body as a JSON object; 413 beyond `limit` bytes, 408 (and the connection closed) when
+    it has not arrived in full within `timeout_s` seconds (a slow-loris client), 400 unless UTF-8
+    JSON of an object. A large body is parsed on a worker thread (the event loop keeps serving)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await _read_body(request, limit)
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"the request body did not arrive in full within {timeout_s:g} s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        ) from None
+    if len(raw) >= LARGE_BODY_BYTES:
+        return await asyncio.to_thread(parse_json_object, raw)
+    return parse_json_object(raw)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     async for part in request.stream():
@@ -103,7 +164,7 @@ async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
         if size > limit:
             raise _too_large(limit)
         parts.append(part)
-    return parse_json_object(b"".join(parts))
+    return b"".join(parts)
 
 
 def _too_large(limit: int) -> APIError:
@@ -147,14 +208,16 @@ def _kind(value: object) -> str:
     return "an object"
 
 
-def get_int(body: Mapping[str, Any], name: str, *, default: int | None, minimum: int = -MAX_INT) -> int | None:
+def get_int(
+    body: Mapping[str, Any], name: str, *, default: int | None, minimum: int = -MAX_INT, maximum: int = MAX_INT
+) -> int | None:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad(f"'{name}' must be an integer, got {_kind(value)}", name)
-    if not minimum <= value <= MAX_INT:
-        raise bad(f"'{name}' must be an integer from {minimum} to {MAX_INT}, got {value}", name)
+    if not minimum <= value <= maximum:
+        raise bad(f"'{name}' must be an integer from {minimum} to {maximum}, got {value}", name)
     return value
 
 
@@ -205,28 +268,69 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(check_text(s, "stop", allow_empty=False) for s in items)
 
 
-def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+def _refuse_unsupported(body: Mapping[str, Any], *, chat: bool) -> None:
     """400 for features this server does not have, when asked for with a non-default value."""
-    for name in ("n", "best_of"):
-        count = get_int(body, name, default=1, minimum=1)
-        if count != 1:
-            raise bad(f"'{name}' = {count} is not supported: this server returns one choice (n = 1)", name)
-    if get_bool(body, "echo", default=False):
-        raise bad("'echo' is not supported", "echo")
-    for name in ("logprobs", "top_logprobs"):
-        value = body.get(name)
-        if value is not None and value is not False and value != 0:
-            raise bad(f"'{name}' is not supported", name)
-    for name in ("suffix", "tools", "functions", "logit_bias"):
+    best_of = get_int(body, "best_of", default=1, minimum=1)
+    if best_of != 1:
+        raise bad(f"'best_of' = {best_of} is not supported: ask for 'n' choices (all are returned)", "best_of")
+    if chat and get_bool(body, "echo", default=False):
+        raise bad("'echo' is a /v1/completions parameter; chat completions do not echo", "echo")
+    if not chat and body.get("top_logprobs") is not None:
+        raise bad("'top_logprobs' is a chat parameter; on /v1/completions 'logprobs' is the number", "top_logprobs")
+    for name in ("suffix", "tools", "functions"):
         if body.get(name):
             raise bad(f"'{name}' is not supported", name)
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise bad('\'response_format\' is not supported (only {"type": "text"})', "response_format")
-    get_number(body, "presence_penalty", default=0.0, lo=-2.0, hi=2.0)
-    get_number(body, "frequency_penalty", default=0.0, lo=-2.0, hi=2.0)
     if body.get("user") is not None:
         check_text(body["user"], "user")
+
+
+def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad(f"'logit_bias' must be an object of token id -> bias, got {_kind(value)}", "logit_bias")
+    pairs = []
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 10) or int(key) > MAX_INT:
+            raise bad(f"'logit_bias' keys must be token ids (decimal integers), got {key[:40]!r}", "logit_bias")
+        number = isinstance(bias, (int, float)) and not isinstance(bias, bool)
+        if not number or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise bad(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r} for token {key}", "logit_bias")
+        pairs.append((int(key), float(bias)))
+    if len({t for t, _ in pairs}) != len(pairs):
+        raise bad("'logit_bias' names a token id twice", "logit_bias")
+    return tuple(sorted(pairs))
+
+
+def _logprobs(body: Mapping[str, Any], *, chat: bool) -> int | None:
+    """Completions: `logprobs` k; chat: `logprobs` true with `top_logprobs` k (default 0)."""
+    if not chat:
+        return get_int(body, "logprobs", default=None, minimum=0, maximum=MAX_LOGPROBS)
+    wanted = get_bool(body, "logprobs", default=False)
+    top = get_int(body, "top_logprobs", default=None, minimum=0, maximum=MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _sampling(body: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
+    """The fields beyond the basics: choices, logprobs, echo and the logits processing."""
+    rep_lo, rep_hi = MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
+    return {
+        "n": get_int(body, "n", default=1, minimum=1, maximum=MAX_N),
+        "echo": False if chat else get_bool(body, "echo", default=False),
+        "logprobs": _logprobs(body, chat=chat),
+        "top_k": get_int(body, "top_k", default=-1, minimum=-1),
+        "min_p": get_number(body, "min_p", default=0.0, lo=0.0, hi=1.0),
+        "presence_penalty": get_number(body, "presence_penalty", default=0.0, lo=-2.0, hi=2.0),
+        "frequency_penalty": get_number(body, "frequency_penalty", default=0.0, lo=-2.0, hi=2.0),
+        "repetition_penalty": get_number(body, "repetition_penalty", default=1.0, lo=rep_lo, hi=rep_hi),
+        "logit_bias": _logit_bias(body),
+    }
 
 
 def _stream_options(body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
@@ -247,8 +351,8 @@ def _model(body: Mapping[str, Any]) -> str | None:
     return None if value is None else check_text(value, "model", allow_empty=False)
 
 
-def _common(body: Mapping[str, Any], max_tokens: int | None) -> dict[str, Any]:
-    _refuse_unsupported(body)
+def _common(body: Mapping[str, Any], max_tokens: int | None, *, chat: bool) -> dict[str, Any]:
+    _refuse_unsupported(body, chat=chat)
     stream = get_bool(body, "stream", default=False)
     include_usage, continuous = _stream_options(body, stream)
     return {
@@ -256,19 +360,20 @@ def _common(body: Mapping[str, Any], max_tokens: int | None) -> dict[str, Any]:
         "max_tokens": max_tokens,
         "temperature": get_number(body, "temperature", default=1.0, lo=0.0, hi=2.0),
         "top_p": get_number(body, "top_p", default=1.0, lo=0.0, hi=1.0, open_lo=True),
-        "seed": get_int(body, "seed", default=None, minimum=-MAX_INT),
+        "seed": get_int(body, "seed", default=None, minimum=MIN_SEED, maximum=MAX_SEED),
         "stop": _stop(body),
         "ignore_eos": get_bool(body, "ignore_eos", default=False),
         "stream": stream,
         "include_usage": include_usage,
         "continuous_usage": continuous,
         "priority": get_int(body, "priority", default=0),
+        **_sampling(body, chat=chat),
     }
 
 
-def _max_tokens(body: Mapping[str, Any], default: int | None) -> int | None:
+def _max_tokens(body: Mapping[str, Any], default: int | None, *, echo: bool = False) -> int | None:
     completion = get_int(body, "max_completion_tokens", default=None, minimum=1)
-    legacy = get_int(body, "max_tokens", default=None, minimum=1)
+    legacy = get_int(body, "max_tokens", default=None, minimum=0 if echo else 1)
     if completion is not None:
         return completion
     return legacy if legacy is not None else default
@@ -277,14 +382,18 @@ def _max_tokens(body: Mapping[str, Any], default: int | None) -> int | None:
 # -- the two endpoints ------------------------------------------------------------------------------
 def parse_completion(body: Mapping[str, Any]) -> GenerationRequest:
     prompt, token_ids = _prompt(body)
-    fields = _common(body, _max_tokens(body, COMPLETION_DEFAULT_MAX_TOKENS))
+    echo = get_bool(body, "echo", default=False)  # max_tokens 0 with echo: the prompt alone
+    fields = _common(body, _max_tokens(body, COMPLETION_DEFAULT_MAX_TOKENS, echo=echo), chat=False)
     return GenerationRequest(chat=False, prompt=prompt, prompt_token_ids=token_ids, messages=(), **fields)
 
 
 def parse_chat(body: Mapping[str, Any]) -> GenerationRequest:
     messages = _messages(body)
-    fields = _common(body, _max_tokens(body, None))
-    return GenerationRequest(chat=True, prompt=None, prompt_token_ids=None, messages=messages, **fields)
+    fields = _common(body, _max_tokens(body, None), chat=True)
+    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return GenerationRequest(
+        chat=True, prompt=None, prompt_token_ids=None, messages=messages, max_tokens_field=field, **fields
+    )
 
 
 def _prompt(body: Mapping[str, Any]) -> tuple[str | None, tuple[int, ...] | None]:

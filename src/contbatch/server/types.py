@@ -46,3 +46,4 @@ class DriverSnapshot:
     num_failed_steps: int = 0  # steps whose executor raised
     accepting: bool = True  # False once shutdown began
     stats: dict[str, object] = field(default_factory=dict)  # SchedulerStats.as_dict()
+    rejections: dict[str, int] = field(default_factory=dict)  # kind -> submissions the driver refused itself

@@ -1,4 +1,5 @@
-"""One grid point: simulate, then summarize. The unit of work every runner ships to a worker.
+"""One grid point: simulate (one replica, or a fleet: `contbatch.sweep.fleet`), then summarize.
+The unit of work every runner ships to a worker.
 
 `PointTask` is small and picklable (the trace travels separately, once per distinct rate);
 `run_point` is a module-level function so that process pools and Ray can import it by name. A
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from contbatch.core import SchedulerConfig, make_scheduler
 from contbatch.metrics import SLO
-from contbatch.sim.cost import parse_cost
+from contbatch.sim.cost import CostModel, parse_cost
 from contbatch.sim.loop import SimulationStalled, simulate
 from contbatch.traces import Trace
 
@@ -27,11 +28,14 @@ class PointTask:
     slo: SLO | None
     acceptance_rate: float
     seed: int
+    fleet: dict[str, object] | None = None  # run on this fleet (contbatch.sweep.fleet); None: one replica
 
 
 def run_point(trace: Trace, task: PointTask) -> dict[str, object]:
     """The summary of `trace` run as `task` says; ``{"error": message}`` if the run stalled."""
     cost = parse_cost(task.cost)
+    if task.fleet is not None:
+        return _run_fleet(trace, task, cost)
     scheduler = make_scheduler(task.scheduler, task.config)
     try:
         sim = simulate(trace, scheduler, cost, acceptance_rate=task.acceptance_rate, seed=task.seed)
@@ -40,3 +44,18 @@ def run_point(trace: Trace, task: PointTask) -> dict[str, object]:
     summary = sim.summary(task.slo)
     summary.update(sim.run_stats())
     return summary
+
+
+def _run_fleet(trace: Trace, task: PointTask, cost: CostModel) -> dict[str, object]:
+    from contbatch.sim.cluster import simulate_cluster
+    from contbatch.sweep.fleet import make_fleet
+
+    assert task.fleet is not None
+    fleet = make_fleet(task.fleet, task.cost, cost, task.config, task.scheduler)
+    try:
+        result = simulate_cluster(trace, fleet)
+    except RuntimeError as exc:
+        return {"error": f"simulation stalled: {exc}"}
+    summary = result.summary(task.slo)
+    stats = result.as_sim_result(task.scheduler).run_stats()
+    return {**summary, **stats, **result.fleet_stats(summary)}

@@ -19,9 +19,11 @@ Schema (top-level keys; only ``trace`` is required)::
     metrics: [p99_ttft, goodput] # result columns (summary / run-stat keys; default: default_metrics)
     plot: {metric: goodput, x: rate}   # what --plot draws (default metric: goodput with an SLO,
                                        # else output_throughput; default x: rate, else the last axis)
+    fleet: {replicas: 4, router: least_outstanding}  # run each point on a fleet (contbatch.sweep.fleet)
 
-Grid axes are ``scheduler``, ``cost``, ``rate`` or any scheduler config key (``FIELD``,
-``kv.FIELD``, ``tenants.FIELD``, ``lifecycle.FIELD``). A top-level list of ``scheduler``,
+Grid axes are ``scheduler``, ``cost``, ``rate``, any scheduler config key (``FIELD``,
+``kv.FIELD``, ``tenants.FIELD``, ``lifecycle.FIELD``) or a fleet key (``fleet.router``,
+``fleet.replicas``, ...: `contbatch.sweep.fleet`). A top-level list of ``scheduler``,
 ``cost`` or ``rate`` is an axis too, placed after the ``grid`` axes in that order; a key is
 given once, at the top level or in the grid. Points are numbered in `itertools.product` order
 of the axes (the last axis varies fastest); that is the results' order, whoever runs them.
@@ -49,6 +51,7 @@ from contbatch.metrics import SLO
 from contbatch.sim.cost import CostModel, CostSpecError, UnitCost, parse_cost
 from contbatch.sweep._reader import Reader, SweepError, shown
 from contbatch.sweep.columns import with_columns
+from contbatch.sweep.fleet import checked_point_fleet, fleet_axis_name, is_fleet_axis
 from contbatch.sweep.point import PointTask
 from contbatch.traces import Trace, TraceError, builtin_trace_names, load_trace
 from contbatch.traces.synthetic import scale_to_rate
@@ -68,6 +71,7 @@ TOP_KEYS: tuple[str, ...] = (
     "seed",
     "metrics",
     "plot",
+    "fleet",
 )
 
 
@@ -86,6 +90,7 @@ class GridPoint:
     cost: str  # the cost model spec
     rate: float | None  # the trace's mean rate; None: the trace as loaded
     config: SchedulerConfig
+    fleet: dict[str, Any] | None = None  # the fleet it runs on (contbatch.sweep.fleet); None: one replica
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +121,14 @@ class SweepSpec:
 
     def task(self, point: GridPoint) -> PointTask:
         return PointTask(
-            point.index, point.scheduler, point.config, point.cost, self.slo, self.acceptance_rate, self.seed
+            point.index,
+            point.scheduler,
+            point.config,
+            point.cost,
+            self.slo,
+            self.acceptance_rate,
+            self.seed,
+            fleet=point.fleet,
         )
 
 
@@ -184,6 +196,11 @@ def _axis_name(reader: Reader, key: str, where: str) -> str:
     name = key.strip().replace("-", "_")
     if name in SPECIAL_AXES:
         return name
+    if is_fleet_axis(name):
+        try:
+            return fleet_axis_name(name)
+        except ValueError as exc:
+            raise reader.fail(where, str(exc)) from None
     return ".".join(reader.config_key(name, where))
 
 
@@ -314,8 +331,8 @@ def _check_axes(reader: Reader, axes: tuple[Axis, ...], bases: dict[str, Schedul
             where = f"{axis.key}[{i}]"
             if axis.name == "scheduler" and value not in SCHEDULERS:
                 raise reader.fail(where, f"unknown scheduler {value!r}; known: {', '.join(SCHEDULERS)}")
-            if axis.name in SPECIAL_AXES:
-                continue
+            if axis.name in SPECIAL_AXES or is_fleet_axis(axis.name):
+                continue  # (fleet axes: checked as each point's fleet is built)
             for base in bases.values():
                 if axis.name.startswith("kv.") and base.kv is None:
                     raise reader.fail(axis.key, "the config has no KV cache (kv=none); set kv.num_blocks under `set`")
@@ -336,13 +353,16 @@ def _points(
         where = "grid (point " + ", ".join(f"{n}={v!r}" for n, v in values) + ")"
         change: dict[str, Any] = {}
         for name, value in values:
-            if name not in SPECIAL_AXES:
+            if name not in SPECIAL_AXES and not is_fleet_axis(name):
                 reader.put(change, name, value, where)
         cost = str(chosen.get("cost", fixed_cost)).strip()
         rate = chosen.get("rate", fixed_rate)
         config = _apply(reader, bases[cost], change, where)
         scheduler_name = str(chosen.get("scheduler", scheduler))
-        points.append(GridPoint(index, values, scheduler_name, cost, None if rate is None else float(rate), config))
+        fleet = checked_point_fleet(reader, doc, values, (cost, config, scheduler_name), where)
+        points.append(
+            GridPoint(index, values, scheduler_name, cost, None if rate is None else float(rate), config, fleet)
+        )
     return tuple(points)
 
 

@@ -1,7 +1,8 @@
 """What a server backend provides: a tokenizer, a chat template, a decoder and a step executor.
 
 A backend is chosen by name (`contbatch.server.backends.BACKENDS`). The HTTP layer calls
-`tokenize` and `chat_prompt` from the asyncio thread (they must be pure and thread-safe); the
+`tokenize` and `chat_prompt_ids` from the asyncio thread or a worker thread (they must be pure and
+thread-safe); the
 driver thread alone runs the step loop with the `executor` (`contbatch.loop.Executor`) and the
 `decoder` (`contbatch.loop.text.Decoder`, for the requests' text streams), and calls `idle`
 when the loop has nothing to run.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.loop.executor import Executor
@@ -49,8 +50,17 @@ class Backend(Protocol):
 
     def tokenize(self, text: str) -> tuple[int, ...]: ...
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str: ...
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]: ...  # the chat prompt's ids
 
     def idle(self) -> None: ...  # the loop is about to wait: nothing to run
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PromptBound(Protocol):
+    """Optional for a backend: a lower bound on the tokens of a text, found without tokenizing it
+    (cheap, thread-safe); it may stop counting once it reaches `stop_at`. The server refuses a
+    prompt whose bound reaches max_model_len before tokenizing it (`contbatch.server.admission`)."""
+
+    def min_prompt_tokens(self, text: str, *, stop_at: int | None = None) -> int: ...

@@ -62,6 +62,28 @@ def tokenize(text: str) -> tuple[int, ...]:
     return tuple(ids)
 
 
+_ASCII_SPACE = bytes(c for c in range(128) if chr(c).isspace())  # what str.split() splits on, ASCII
+NON_ASCII_SPACE = "\x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
+_OTHER_SPACE = tuple((c, len(c.encode())) for c in NON_ASCII_SPACE)  # the rest of what str.split() splits on
+_SCAN_CHARS = 1 << 16
+
+
+def min_tokens(text: str, *, stop_at: int | None = None) -> int:
+    """A lower bound on `count_tokens(text)` at C speed: the bytes of its words over 4 (each
+    word's ceil(bytes / 4) adds up to at least that). Scans 64K characters at a time and stops
+    once the bound reaches `stop_at`, so a huge prompt is bounded from its beginning."""
+    word_bytes = 0
+    need = None if stop_at is None else stop_at * BYTES_PER_TOKEN
+    for start in range(0, len(text), _SCAN_CHARS):
+        part = text[start : start + _SCAN_CHARS]
+        word_bytes += len(part.encode("utf-8", "surrogatepass").translate(None, _ASCII_SPACE))
+        if not part.isascii():
+            word_bytes -= sum(part.count(c) * size for c, size in _OTHER_SPACE)
+        if need is not None and word_bytes >= need:
+            break
+    return -(-word_bytes // BYTES_PER_TOKEN)
+
+
 def eos_length(prompt_token_ids: Sequence[int], params: SamplingParams) -> int | None:
     """Where the end-of-sequence falls (output tokens), or None when it never does before max_tokens."""
     max_tokens = params.max_tokens or 1
@@ -134,8 +156,27 @@ class PacedSimExecutor:
         self._prev_end = None  # the next step starts when it is launched
 
 
+_NO_MODEL = "it has no model, so its dummy tokens have no probabilities"
+# Request fields the sim cannot honour, refused with a 400 naming them (never accepted and
+# ignored). `n` works (n requests; with a seed, choice i's end-of-sequence draws from seed + i),
+# and so does `echo` of a text prompt; a prompt given as token ids cannot be echoed (its ids are
+# hashes of the words).
+UNSUPPORTED_FIELDS = {
+    "logprobs": _NO_MODEL,
+    "top_logprobs": _NO_MODEL,
+    "top_k": _NO_MODEL,
+    "min_p": _NO_MODEL,
+    "presence_penalty": _NO_MODEL,
+    "frequency_penalty": _NO_MODEL,
+    "repetition_penalty": _NO_MODEL,
+    "logit_bias": _NO_MODEL,
+    "echo": "a prompt given as token ids cannot be turned back into text (its token ids are hashes)",
+}
+
+
 class SimBackend:
     name = "sim"
+    unsupported_fields = UNSUPPORTED_FIELDS
 
     def __init__(self, cost: CostModel, config: SchedulerConfig, *, model_name: str = "contbatch-sim") -> None:
         if cost.time_unit != "s":
@@ -152,8 +193,11 @@ class SimBackend:
     def tokenize(self, text: str) -> tuple[int, ...]:
         return tokenize(text)
 
-    def chat_prompt(self, messages: Sequence[ChatMessage]) -> str:
-        return "\n".join(m.content for m in messages)
+    def min_prompt_tokens(self, text: str, *, stop_at: int | None = None) -> int:
+        return min_tokens(text, stop_at=stop_at)  # the count rule's lower bound, untokenized
+
+    def chat_prompt_ids(self, messages: Sequence[ChatMessage]) -> tuple[int, ...]:
+        return tokenize("\n".join(m.content for m in messages))  # the contents joined by newlines
 
     def idle(self) -> None:
         self.executor.idle()

@@ -1,0 +1,122 @@
+"""Cluster simulator speed (issue 16, item 7): 16 replicas serving the `azure-code` trace tiled
+to 1,000,000 requests at a rate the fleet sustains, in at most 120 s and 2 GB.
+
+The trace: azure-code's 8,819 requests copied back to back in time (arrival gaps kept) until
+`--requests`, then scaled to `--rate` (default 16 x azure-code's own mean rate of 2.57 req/s,
+about 41 req/s: each replica at the rate one replica sustains, so the queues stay bounded:
+TTFT per 100,000-request slice is reported to show it). The fleet: `--replicas` replicas of
+`roofline:llama-2-7b@a100` under the `engine` preset (8,192-token steps, 256 sequences, 6,144
+KV blocks of 16 tokens) behind `least_outstanding`, streaming mode (one compact row per
+request), decode runs on (`contbatch.sim.cluster_runs`; `--no-runs` steps every step).
+
+Reported: `build_s` (the trace), `sim_s` (the simulation), `summary_s` (every metric), `cpu_s`
+(the whole process: interpreter, imports, trace, simulation, summary), peak RSS, steps, and the
+simulated requests per second. Each run is a fresh process. Writes JSON (--json-out).
+
+    .venv/bin/python benchmarks/cluster_speed.py                    # 1,000,000 requests
+    .venv/bin/python benchmarks/cluster_speed.py --requests 100000 --no-runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TTFT_SLICE = 100_000  # requests per slice of the TTFT-over-time check
+
+
+def tiled_trace(num_requests: int, rate: float) -> Any:
+    """azure-code copied back to back until `num_requests`, arrival times scaled to mean `rate`."""
+    from contbatch.traces import Trace, TraceRequest, load_trace
+
+    base = load_trace("azure-code").requests
+    first, last = base[0].arrival_ts, base[-1].arrival_ts
+    period = (last - first) + (last - first) / (len(base) - 1)  # one mean gap between copies
+    scale = (len(base) / period) / rate  # azure's mean rate over a period, to `rate`
+    requests = []
+    for i in range(num_requests):
+        copy, r = divmod(i, len(base))
+        spec = base[r]
+        requests.append(
+            TraceRequest(
+                f"{copy}-{spec.request_id}",
+                (spec.arrival_ts - first + copy * period) * scale,
+                spec.num_prompt_tokens,
+                spec.num_output_tokens,
+                max_output_tokens=spec.max_output_tokens,
+            )
+        )
+    source = f"azure-code tiled to {num_requests} requests at {rate} req/s"
+    return Trace("azure-code-tiled", tuple(requests), "s", source)
+
+
+def run_one(num_requests: int, rate: float, replicas: int, runs: bool) -> dict[str, Any]:
+    from contbatch.core import PRESETS
+    from contbatch.sim import parse_cost
+    from contbatch.sim.cluster import simulate_cluster
+    from contbatch.sim.cluster_config import aggregated
+
+    start = time.perf_counter()
+    trace = tiled_trace(num_requests, rate)
+    built = time.perf_counter()
+    fleet = aggregated(parse_cost("roofline:llama-2-7b@a100"), PRESETS["engine"], replicas)
+    result = simulate_cluster(trace, fleet, keep_timelines=False, decode_runs=runs)
+    simulated = time.perf_counter()
+    summary = result.summary()
+    summarized = time.perf_counter()
+    assert result.streaming is not None
+    rows = result.streaming.rows
+    slices = [rows[i : i + TTFT_SLICE] for i in range(0, len(rows), TTFT_SLICE)]
+    ttft_ms = [1000 * sum(r.ttft or 0.0 for r in s) / max(1, sum(1 for r in s if r.ttft is not None)) for s in slices]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "requests": num_requests,
+        "rate": rate,
+        "replicas": replicas,
+        "decode_runs": runs,
+        "steps": sum(r.num_steps for r in result.replicas),
+        "build_s": built - start,
+        "sim_s": simulated - built,
+        "summary_s": summarized - simulated,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "requests_per_s": num_requests / (simulated - built),
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "completed": summary["completed"],
+        "mean_ttft_ms": summary["mean_ttft_ms"],
+        "p99_ttft_ms": summary["p99_ttft_ms"],
+        "mean_tpot_ms": summary["mean_tpot_ms"],
+        "mean_ttft_ms_by_slice": [round(v, 1) for v in ttft_ms],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--rate", type=float, default=16 * 8819 / 3436.3, help="req/s (default 16 x azure-code's)")
+    parser.add_argument("--replicas", type=int, default=16)
+    parser.add_argument("--no-runs", action="store_true", help="step every step (no decode runs)")
+    parser.add_argument("--in-process", action="store_true", help="(internal) run here and print JSON")
+    parser.add_argument("--json-out", default="cluster_speed.json")
+    args = parser.parse_args()
+    if args.in_process:
+        print(json.dumps(run_one(args.requests, args.rate, args.replicas, not args.no_runs)))
+        return
+    cmd = [sys.executable, __file__, "--in-process", "--requests", str(args.requests), "--rate", str(args.rate),
+           "--replicas", str(args.replicas), *(["--no-runs"] if args.no_runs else [])]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    result["machine"] = f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    for key, value in result.items():
+        print(f"{key:>24}: {value}")
+    Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

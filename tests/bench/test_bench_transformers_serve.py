@@ -1,0 +1,190 @@
+"""`contbatch bench` against another OpenAI-compatible server: `transformers serve
+--continuous-batching`, on a tiny random Llama written into a temporary directory (no network).
+
+transformers' server refuses any request field it does not know with HTTP 422, so this is the
+check that bench's default requests are plain OpenAI; with `--ignore-eos` (a vLLM extension)
+every request is refused, as asked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contbatch.cli.main import main
+from contbatch.engine.demo import DemoShape, train_tokenizer, write_random_checkpoint, write_tokenizer
+from contbatch.engine.demo_corpus import demo_corpus
+
+pytestmark = pytest.mark.slow
+
+SHAPE = DemoShape(
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=96,
+    vocab_size=400,
+    max_position_embeddings=512,
+)
+STARTUP_TIMEOUT_S = 120.0
+NUM_PROMPTS = 6
+OUTPUT_LEN = 8
+
+
+@dataclass(frozen=True)
+class Served:
+    base_url: str
+    model: str  # the checkpoint directory: transformers serve names the model by its path
+
+
+def _missing() -> str | None:
+    """Why `transformers serve` cannot run in this environment (None: it can)."""
+    for module, why in (
+        ("transformers", "transformers is not installed"),
+        ("accelerate", "accelerate is not installed (transformers serve loads with a device_map)"),
+        ("fastapi", "fastapi is not installed"),
+        ("uvicorn", "uvicorn is not installed"),
+        ("openai", "openai is not installed (transformers serve validates requests with its types)"),
+    ):
+        if importlib.util.find_spec(module) is None:
+            return why
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return f"transformers {transformers.__version__} has no `serve --continuous-batching` (5.x has)"
+    from transformers.utils.import_utils import is_serve_available
+
+    return None if is_serve_available() else "transformers reports its serving extra as unavailable"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    missing = _missing()
+    if missing is not None:
+        pytest.skip(f"transformers serve cannot run here: {missing} (pip install -e '.[dev]')")
+    root = tmp_path_factory.mktemp("transformers-serve")
+    model = write_random_checkpoint(root / "tiny-llama", SHAPE, seed=0, demo=False)
+    write_tokenizer(model, train_tokenizer(SHAPE.vocab_size, demo_corpus(num_lines=1500, lexicon_size=1500)))
+    port = _free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "transformers.cli.transformers",
+        "serve",
+        str(model),
+        "--continuous-batching",
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        # a small paged cache: sized from memory, its set-up takes seconds on a CPU
+        "--cb-num-blocks",
+        "64",
+        "--cb-max-batch-tokens",
+        "256",
+        "--log-level",
+        "warning",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(root / "hf-home")}
+    log_path = root / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, base_url, log_path)
+        yield Served(base_url, str(model))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            pytest.fail(f"transformers serve exited with {proc.returncode}:\n{tail}")
+        try:
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            pytest.fail(f"transformers serve was not healthy after {STARTUP_TIMEOUT_S:g} s:\n{tail}")
+        time.sleep(0.2)
+
+
+def bench(capsys: pytest.CaptureFixture[str], served: Served, *args: str) -> tuple[int, dict[str, Any]]:
+    code = main(
+        [
+            "bench",
+            "--base-url",
+            served.base_url,
+            "--model",
+            served.model,
+            "--num-prompts",
+            str(NUM_PROMPTS),
+            "--input-len",
+            "12",
+            "--output-len",
+            str(OUTPUT_LEN),
+            "--timeout",
+            "60",
+            "--disable-tqdm",
+            "--json",
+            *args,
+        ]
+    )
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_bench_against_transformers_serve(capsys: pytest.CaptureFixture[str], served: Served) -> None:
+    """Every request completes on both endpoints, the report makes sense, and the one vLLM
+    extension asked for is refused by this server (one test: a second xdist worker would start a
+    second server)."""
+    for endpoint in ("completions", "chat"):
+        check_report(*bench(capsys, served, "--endpoint", endpoint), endpoint)
+    # transformers serve refuses `ignore_eos` (422): bench sends it with --ignore-eos only
+    code, doc = bench(capsys, served, "--ignore-eos")
+    assert code == 1 and doc["completed"] == 0 and doc["extensions"] == ["ignore_eos"]
+    assert all("HTTP 422" in e and "ignore_eos" in e for e in doc["errors"]), doc["errors"]
+
+
+def check_report(code: int, doc: dict[str, Any], endpoint: str) -> None:
+    assert code == 0, (endpoint, doc["errors"])
+    assert doc["completed"] == NUM_PROMPTS and doc["failed"] == 0 and not any(doc["errors"]), (endpoint, doc)
+    assert doc["extensions"] == [] and doc["backend"] == ("openai-chat" if endpoint == "chat" else "openai")
+    assert sum(doc["finish_reasons"].get(r, 0) for r in ("length", "stop")) == NUM_PROMPTS
+    # lengths from the server's usage: a random model may end early (its EOS), never late
+    assert all(1 <= n <= OUTPUT_LEN for n in doc["output_lens"]), doc["output_lens"]
+    assert doc["total_output_tokens"] == sum(doc["output_lens"])
+    assert all(n > 0 for n in doc["input_lens"]) and doc["total_input_tokens"] == sum(doc["input_lens"])
+    assert 0 < doc["mean_ttft_ms"] <= doc["mean_e2el_ms"]
+    assert doc["mean_tpot_ms"] >= 0 and doc["duration"] > 0
+    assert doc["request_throughput"] > 0 and doc["output_throughput"] > 0
+    assert len(doc["ttfts"]) == NUM_PROMPTS
