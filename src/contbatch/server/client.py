@@ -13,6 +13,7 @@ paced simulator or the real engine) is decided when it is built (`contbatch.serv
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -190,7 +191,8 @@ class DriverClient:
         return Health(True, "ok")
 
     def snapshot(self) -> DriverSnapshot:
-        return self.driver.snapshot
+        # the live count as of now: a submission still in the driver's inbox counts
+        return dataclasses.replace(self.driver.snapshot, num_live=self.driver.num_live)
 
     def render_metrics(self) -> bytes:
         return self.metrics.render()

@@ -76,6 +76,7 @@ class Driver:
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._outbox = Outbox()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, EventSink]] = {}
+        self._num_live = 0  # submitted, final event not yet routed (under _cond)
         self._accepting = True
         self._halt = False
         self._thread: threading.Thread | None = None
@@ -106,6 +107,7 @@ class Driver:
             if not self._accepting or self._halt:
                 raise DriverClosed("the server is shutting down")
             self._inbox.append(("submit", submission, loop, sink))
+            self._num_live += 1
             self._cond.notify()
 
     def abort(self, request_id: str) -> None:
@@ -147,17 +149,18 @@ class Driver:
         while not self._halt:
             try:
                 self._apply_inbox()
+                self._publish()  # before routing: a client that got its final event sees its effects
                 self._route()
                 ran = self.core.step()
-                self._route()
                 self._publish()
+                self._route()
                 if not ran:
                     self._wait()
             except Exception as exc:  # a bug somewhere: keep serving, fail what was in flight
                 log.exception("driver iteration failed")
                 self.core.fail(self.core.tracked_ids(), f"internal error: {type(exc).__name__}: {exc}")
-                self._route()
                 self._publish()
+                self._route()
                 time.sleep(0.01)  # no hot loop if the failure repeats
 
     def _apply_inbox(self) -> None:
@@ -213,6 +216,7 @@ class Driver:
         self, sub: Submission, to: tuple[asyncio.AbstractEventLoop, EventSink], now: float, kind: str, detail: str
     ) -> None:
         self._rejections[kind] = self._rejections.get(kind, 0) + 1
+        self._ended()
         event = RequestEvent(
             sub.request_id,
             now,
@@ -231,7 +235,18 @@ class Driver:
             target = sinks.pop(output.request_id, None) if output.is_final else sinks.get(output.request_id)
             if target is not None:
                 self._outbox.put(target[0], target[1], output)
+                if output.is_final:
+                    self._ended()
         self._outbox.flush()
+
+    def _ended(self) -> None:
+        with self._cond:
+            self._num_live -= 1
+
+    @property
+    def num_live(self) -> int:
+        """Submissions not yet answered with their final event (the inbox's included)."""
+        return self._num_live
 
     def _wait(self) -> None:
         self.backend.idle()
@@ -251,7 +266,7 @@ class Driver:
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
             num_paused=scheduler.num_paused,
-            num_live=len(self._sinks),
+            num_live=self._num_live,
             kv_usage=scheduler.kv_usage,
             num_generated_tokens=totals.num_output_tokens,
             num_padding_tokens=totals.num_padding_tokens,

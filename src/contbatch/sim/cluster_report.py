@@ -10,7 +10,14 @@ from contbatch.core.timeline import Timeline
 from contbatch.sim.autoscale import Decision
 from contbatch.sim.cluster_config import PoolSpec
 from contbatch.sim.cluster_replica import Replica, ReplicaState
-from contbatch.sim.cluster_result import ClusterResult, LoadPoint, PoolPoint, ReplicaReport, ScaleEvent
+from contbatch.sim.cluster_result import (
+    ClusterResult,
+    LoadPoint,
+    PoolPoint,
+    ReplicaReport,
+    ScaleEvent,
+    summed_stats,
+)
 
 if TYPE_CHECKING:
     from contbatch.sim.cluster import ClusterSim
@@ -83,6 +90,7 @@ class Reporter:
             load_series=tuple(self.load),
             pool_series=tuple(self.pools),
             scale_events=tuple(self.scales),
+            scheduler_stats=summed_stats([r.scheduler.stats.as_dict() for r in sim.replicas]),
         )
 
 

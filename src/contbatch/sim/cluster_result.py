@@ -89,6 +89,7 @@ class ClusterResult:
     load_series: tuple[LoadPoint, ...] = ()
     pool_series: tuple[PoolPoint, ...] = ()
     scale_events: tuple[ScaleEvent, ...] = ()
+    scheduler_stats: dict[str, object] = field(default_factory=dict)  # every replica's counters, summed
 
     @property
     def replica_seconds(self) -> float:
@@ -140,6 +141,7 @@ class ClusterResult:
             "kv_usage_mean": _weighted_kv(self.replicas),
             "num_steps": sum(r.num_steps for r in self.replicas),
             "num_preemptions": sum(r.num_preemptions for r in self.replicas),
+            "prefix_hit_rate": self.scheduler_stats.get("prefix_hit_rate"),
             **self.gateway,
             **self.transfers,
         }
@@ -158,7 +160,28 @@ class ClusterResult:
             kv_usage_max=max((r.kv_usage_max for r in self.replicas), default=0.0),
             unsent_tokens=self.unsent_tokens,
             streaming=self.streaming,
+            scheduler_stats=dict(self.scheduler_stats),
         )
+
+
+def summed_stats(stats: list[dict[str, object]]) -> dict[str, object]:
+    """Replicas' `SchedulerStats.as_dict()` summed (counters and rejections; rates recomputed)."""
+    total: dict[str, object] = {}
+    rejections: dict[str, int] = {}
+    for one in stats:
+        for key, value in one.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and not key.endswith("_rate"):
+                total[key] = total.get(key, 0) + value  # type: ignore[operator]
+        for kind, count in dict(one.get("rejections") or {}).items():  # type: ignore[call-overload]
+            rejections[kind] = rejections.get(kind, 0) + count
+    total["rejections"] = dict(sorted(rejections.items()))
+    query, hits = total.get("num_prefix_query_tokens"), total.get("num_prefix_hit_tokens")
+    total["prefix_hit_rate"] = hits / query if isinstance(query, int) and query and isinstance(hits, int) else None
+    drafts, accepted = total.get("num_draft_tokens"), total.get("num_accepted_draft_tokens")
+    total["draft_acceptance_rate"] = (
+        accepted / drafts if isinstance(drafts, int) and drafts and isinstance(accepted, int) else None
+    )
+    return total
 
 
 def _weighted_kv(replicas: tuple[ReplicaReport, ...]) -> float:

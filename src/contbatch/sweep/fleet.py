@@ -7,7 +7,9 @@ replica. A grid axis ``fleet.KEY`` varies one of its scalar keys (``fleet.router
 ``fleet.replicas``, ``fleet.prefill``, ``fleet.decode``, ``fleet.threshold``,
 ``fleet.signal_delay``, ``fleet.price``...), so a file can sweep routers, pool sizes and P:D
 ratios. A point's result adds the fleet's keys (replica-seconds, cost, transfers...) to the
-summary.
+summary. ``sample_interval: S`` in the section records every replica's load and KV usage every
+S (clock units) and each pool's replica count at every change; ``contbatch sweep --plot`` then
+draws them per point (`fleet-load-N`, `fleet-replicas-N`).
 """
 
 from __future__ import annotations
@@ -54,11 +56,18 @@ def point_fleet(base: Mapping[str, Any] | None, values: tuple[tuple[str, Any], .
     return desc
 
 
+SIM_KEYS = ("sample_interval",)  # how the fleet is observed, not what it is
+
+
 def make_fleet(
     desc: Mapping[str, Any], cost_spec: str, cost: CostModel, config: SchedulerConfig, scheduler: str
 ) -> FleetSpec:
     """The point's fleet (FleetError naming the key when it is not one)."""
-    return build_fleet(desc, cost=cost, config=config, cost_spec=cost_spec, scheduler=scheduler)
+    fleet = {k: v for k, v in desc.items() if k not in SIM_KEYS}
+    interval = desc.get("sample_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0):
+        raise FleetError(f"fleet.sample_interval: expected a number > 0, got {interval!r}")
+    return build_fleet(fleet, cost=cost, config=config, cost_spec=cost_spec, scheduler=scheduler)
 
 
 def checked_point_fleet(
