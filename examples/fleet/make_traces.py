@@ -4,7 +4,7 @@
   (1,024-8,000), outputs log-normal around 96 (16-512): prefill-heavy, like RAG or code;
 - short-prompts.jsonl: 600 requests, Poisson 6 req/s, prompts log-normal around 160 tokens
   (32-1,024), outputs log-normal around 400 (64-1,500): decode-heavy, like chat;
-- bursty.jsonl: 2 req/s for 300 s, 12 req/s for 120 s, 2 req/s for 300 s again; prompts
+- bursty.jsonl: 2 req/s for 600 s, 32 req/s for 300 s, 2 req/s for 600 s again; prompts
   log-normal around 600 tokens, outputs around 160: one burst for an autoscaler.
 
     .venv/bin/python examples/fleet/make_traces.py
@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def bursty() -> Trace:
-    phases = [(2.0, 300.0), (12.0, 120.0), (2.0, 300.0)]
+    phases = [(2.0, 600.0), (32.0, 300.0), (2.0, 600.0)]
     requests = []
     start = 0.0
     for k, (rate, length) in enumerate(phases):
@@ -30,7 +30,7 @@ def bursty() -> Trace:
                         seed=900 + k, until=length)  # fmt: skip
         requests += [dataclasses.replace(r, arrival_ts=start + r.arrival_ts) for r in part.requests]
         start += length
-    return Trace("bursty", tuple(requests), "s", "2 req/s for 300 s, 12 req/s for 120 s, 2 req/s for 300 s")
+    return Trace("bursty", tuple(requests), "s", "2 req/s for 600 s, 32 req/s for 300 s, 2 req/s for 600 s")
 
 
 def main() -> None:

@@ -99,3 +99,17 @@ def test_the_queue_bound_rejects_at_the_gateway() -> None:
     assert reasons.count(FinishReason.REJECTED) == 2 and result.gateway["num_gateway_rejected"] == 2
     starts = sorted(t.scheduled_ts[0] for t in result.timelines if t.scheduled_ts)
     assert starts == pytest.approx([0.0, 1.0, 2.0])  # one a second: the global rate
+
+
+def test_max_in_flight_holds_requests_at_the_gateway_for_new_replicas() -> None:
+    """Flow control: a burst waits at the gateway, not in the first replica's queue, so replicas the
+    autoscaler adds take it."""
+    scale = AutoscaleConfig(metric="queue_length", target=1, interval=0.5, provisioning_delay=1.0, max_replicas=4)
+    pool = PoolSpec("m", COST, CONFIG, 1, autoscale=scale)
+    trace = Trace("b", tuple(TraceRequest(f"r{i}", 0.01 * i, 64, 20) for i in range(80)), "s", "test")
+    gated = FleetSpec((pool,), admission=AdmissionConfig(max_in_flight=4))
+    result = simulate_cluster(trace, gated, inspect=check_all)
+    routed = [r.num_routed for r in result.replicas]
+    assert len(routed) > 1 and min(routed) > 0  # the added replicas took part of the burst
+    assert result.gateway["max_gateway_queue"] > 40
+    assert all(t.finish_reason is FinishReason.LENGTH for t in result.timelines)

@@ -118,6 +118,7 @@ def fleets(draw: st.DrawFn) -> FleetSpec:
             rate=draw(st.none() | st.sampled_from([0.5, 2.0])),
             burst=draw(st.sampled_from([1.0, 3.0])),
             tenant_rates=draw(st.sampled_from([(), (("t0", 0.4),)])),
+            max_in_flight=draw(st.none() | st.integers(1, 4)),
         )
     router = draw(st.sampled_from(ROUTER_SPECS))
     delay = draw(st.sampled_from([0.0, 0.3]))

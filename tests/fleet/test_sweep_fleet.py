@@ -20,6 +20,7 @@ def small_trace(tmp_path: Path) -> Path:
     write_jsonl(generate("small", 12, poisson(10), uniform(32, 160), uniform(8, 48), seed=7), path)
     return path
 
+
 FLEET_SWEEP = """
 trace: small.jsonl
 cost: affine
@@ -68,3 +69,21 @@ def test_bad_fleets(tmp_path: Path, small_trace: Path, text: str, expected: str)
     path.write_text("trace: small.jsonl\ncost: affine\n" + text)
     with pytest.raises(SweepError, match=expected):
         load_sweep(path)
+
+
+def test_shape_axis_and_per_point_fleet_figures(tmp_path: Path, small_trace: Path) -> None:
+    from contbatch.sweep import write_sweep_plots
+    from contbatch.sweep.fleet import point_fleet
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        "trace: small.jsonl\ncost: roofline:llama-2-7b@a100\nfleet: {replicas: 2, sample_interval: 0.2}\n"
+        'grid:\n  fleet.shape: ["2", "1:1"]\n  fleet.router: [round_robin]\nmetrics: [num_replicas, num_transfers]\n'
+    )
+    result = run_local(load_sweep(path), workers=1)
+    assert [(r["num_replicas"], r["num_transfers"]) for r in rows(result)] == [(2, 0), (2, 12)]
+    written = {p.name for p in write_sweep_plots(result, tmp_path / "plots")}
+    assert {"fleet-load-0.png", "fleet-replicas-1.svg"} <= written
+    base = {"prefill": 1, "decode": 1, "router": "x"}
+    assert point_fleet(base, (("fleet.decode", 3), ("fleet.router", "y"))) == {"prefill": 1, "decode": 3, "router": "y"}
+    assert point_fleet({"replicas": 4}, (("fleet.shape", "1:3"),)) == {"shape": "1:3"}

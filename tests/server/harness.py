@@ -2,7 +2,7 @@
 
 Shared by tests/server and tests/bench (`server.harness`). `start_server` builds the sim
 backend from a cost spec and scheduler config overrides (over the `engine` preset), or takes a
-ready backend (tests that inject failures)."""
+ready backend or client (tests that inject failures)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,10 @@ class RunningServer:
         with httpx.Client(verify=_SSL, timeout=30) as http:
             return http.post(self.base_url + path, **kw)
 
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        with httpx.Client(verify=_SSL, timeout=30) as http:
+            return http.request(method, self.base_url + path, **kw)
+
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Until the driver has no live request and the scheduler nothing unfinished."""
         deadline = time.monotonic() + timeout
@@ -75,8 +79,12 @@ def start_server(
     overrides: dict[str, Any] | None = None,
     server_config: ServerConfig | None = None,
     backend: Any = None,
+    client: DriverClient | None = None,
 ) -> RunningServer:
-    client = DriverClient(backend if backend is not None else sim_backend(cost, overrides))
+    """A server over `client`, or over a `DriverClient` of `backend` (default: a sim backend of
+    `cost` and `overrides`)."""
+    if client is None:
+        client = DriverClient(backend if backend is not None else sim_backend(cost, overrides))
     # the tests' clients name their tenants with X-Tenant (the server's default ignores it)
     app = create_app(client, server_config or ServerConfig(shutdown_grace_s=1.0, trust_tenant_header=True))
     return start_app(app)

@@ -30,7 +30,12 @@ Logits rows, per chunk:
 Requests with `logprobs` get one entry per returned token (`StepResult.logprobs`); all
 log-probabilities are the raw model distribution's (`sampling.logprobs_of`).
 
-Any exception in a step is raised as `StepError` carrying the ids of the step's requests.
+Any exception in a step is raised as `StepError` carrying the ids of the step's requests, except
+a failure in sampling: then each sampling chunk is prepared and drawn again alone (with a
+throwaway generator) and the `StepError` names only the requests whose own rows fail, when any
+does (a poison request: its parameters break the sampler); the rest of the step is redone in the
+next one, their generators as they were before the failed step (a seeded request draws the same
+tokens as without the failure). When no request fails alone, the whole step's requests fail.
 
 Invariants checked per chunk: the request has a `SequenceState`; its token ids cover the chunk;
 its block table covers `start + num_new_tokens`; a sampling chunk ends at the last known token.
@@ -229,6 +234,8 @@ class ModelRunner:
             batch = self.build_batch(run, seqs, prompt_logprob_ids)
             _, logits = self.compute_logits(run, seqs, batch=batch)
             return self._sample(batch, logits, seqs)
+        except StepError:
+            raise  # a sampling failure of some requests only
         except Exception as exc:
             raise StepError(ids, exc) from exc
 
@@ -313,27 +320,84 @@ class ModelRunner:
         sampled: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
         if sampling:
-            prepared, at = self._prepare(sampling, logits, seqs)
-            # Plain sampling chunks draw together; verification chunks draw row by row.
-            plain = [s for s in sampling if not s.verify]
-            if plain:
-                rows = [at[s.row + s.num_rows - 1] for s in plain]
-                gens = [self._generator(s.chunk.request_id, seqs[s.chunk.request_id].params) for s in plain]
-                for span, token in zip(plain, prepared.draw(rows, gens), strict=True):
-                    sampled[span.chunk.request_id] = (token,)
-            for span in sampling:
-                rid = span.chunk.request_id
-                if span.verify:
-                    sampled[rid] = self._verify(span, seqs[rid], prepared, at)
-                sampled[rid], reason = self._finish(span, seqs[rid], sampled[rid])
-                if reason is not None:
-                    finished[rid] = reason
+            saved = self._save_generators(sampling, seqs)
+            try:
+                sampled, finished = self._sample_spans(sampling, logits, seqs)
+            except Exception as exc:
+                self._restore_generators(sampling, saved)
+                failing = self._failing_alone(sampling, logits, seqs)
+                if failing:
+                    raise StepError(failing, exc) from exc
+                raise
         logprobs, prompt_logprobs = self._logprobs(batch, logits, seqs, sampled)
         if logprobs is None and prompt_logprobs is None:
             return StepResult(sampled_token_ids=sampled, finished=finished)
         return LogprobsResult(
             sampled_token_ids=sampled, finished=finished, logprobs=logprobs, prompt_logprobs=prompt_logprobs
         )
+
+    def _sample_spans(
+        self, sampling: Sequence[RowSpan], logits: torch.Tensor, seqs: Mapping[str, SequenceView]
+    ) -> tuple[dict[str, tuple[int, ...]], dict[str, FinishReason]]:
+        """The tokens of every sampling chunk (drafts verified), and the requests they finish."""
+        sampled: dict[str, tuple[int, ...]] = {}
+        finished: dict[str, FinishReason] = {}
+        prepared, at = self._prepare(sampling, logits, seqs)
+        # Plain sampling chunks draw together; verification chunks draw row by row.
+        plain = [s for s in sampling if not s.verify]
+        if plain:
+            rows = [at[s.row + s.num_rows - 1] for s in plain]
+            gens = [self._generator(s.chunk.request_id, seqs[s.chunk.request_id].params) for s in plain]
+            for span, token in zip(plain, prepared.draw(rows, gens), strict=True):
+                sampled[span.chunk.request_id] = (token,)
+        for span in sampling:
+            rid = span.chunk.request_id
+            if span.verify:
+                sampled[rid] = self._verify(span, seqs[rid], prepared, at)
+            sampled[rid], reason = self._finish(span, seqs[rid], sampled[rid])
+            if reason is not None:
+                finished[rid] = reason
+        return sampled, finished
+
+    def _save_generators(
+        self, sampling: Sequence[RowSpan], seqs: Mapping[str, SequenceView]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        """The states of the generators the step's random rows draw from (None: every row is greedy)."""
+        random = [s.chunk.request_id for s in sampling if not seqs[s.chunk.request_id].params.greedy]
+        if not random:
+            return None
+        own = {rid: g.get_state() for rid in random if (g := self._generators.get(rid)) is not None}
+        return self.sampler.shared.get_state(), own
+
+    def _restore_generators(
+        self, sampling: Sequence[RowSpan], saved: tuple[torch.Tensor, dict[str, torch.Tensor]] | None
+    ) -> None:
+        """Undo the draws of a failed sampling: the redone step draws what it would have drawn."""
+        if saved is None:
+            return
+        shared, own = saved
+        self.sampler.shared.set_state(shared)
+        for span in sampling:
+            rid = span.chunk.request_id
+            if rid in own:
+                self._generators[rid].set_state(own[rid])
+            else:
+                self._generators.pop(rid, None)  # made in the failed step: made again, from its seed
+
+    def _failing_alone(
+        self, sampling: Sequence[RowSpan], logits: torch.Tensor, seqs: Mapping[str, SequenceView]
+    ) -> list[str]:
+        """The requests whose sampling fails on its own: each sampling chunk prepared and drawn
+        alone, from a throwaway generator (no request's generator moves)."""
+        failing = []
+        for span in sampling:
+            try:
+                prepared, at = self._prepare([span], logits, seqs)
+                spare = torch.Generator(device="cpu").manual_seed(0)
+                prepared.draw(list(at.values()), [spare] * len(at))
+            except Exception:
+                failing.append(span.chunk.request_id)
+        return failing
 
     def _prepare(
         self, sampling: Sequence[RowSpan], logits: torch.Tensor, seqs: Mapping[str, SequenceView]

@@ -87,15 +87,19 @@ def plot_replica_count(
 def plot_cost_goodput(
     points: Sequence[Sequence[Any]], out_dir: str | Path, *, stem: str = "cost-goodput"
 ) -> tuple[Path, Path]:
-    """Goodput against price per hour, one labelled point per fleet (filled: meets the SLO target)."""
+    """Goodput against price per hour, one point per fleet (filled: meets the SLO target), the
+    fleets better than every cheaper one labelled."""
     if not points:
         raise ValueError("plot_cost_goodput needs at least one fleet")
     figure = new_figure(8.0, 5.0)
     ax = figure.subplots()
-    for label, price, goodput, passes in points:
+    best = float("-inf")  # labels on the frontier only: the fleets beating every cheaper one
+    for label, price, goodput, passes in sorted(points, key=lambda p: (float(p[1]), -float(p[2]))):
         color = run_color(0 if passes else 3)
         ax.scatter([price], [goodput], color=color if passes else "none", edgecolors=color, s=36, zorder=3)
-        ax.annotate(str(label), (price, goodput), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        if float(goodput) > best:
+            best = float(goodput)
+            ax.annotate(str(label), (price, goodput), textcoords="offset points", xytext=(4, -10), fontsize=7)
     ax.scatter([], [], color=run_color(0), label="meets the target")
     ax.scatter([], [], color="none", edgecolors=run_color(3), label="misses it")
     ax.set_xlabel("price per hour")

@@ -12,14 +12,16 @@ the OpenAI error JSON; nothing a client sends can stop the process. The app star
 
 Before any route, the `contbatch.server.auth.Gate` answers 401 (API keys, on the ``/v1/``
 routes), 415 (a POST body not declared ``application/json``) and 429 (a key over its quotas);
-long prompts are tokenized on a bounded pool (`contbatch.server.admission`).
+long prompts are tokenized on a bounded pool (`contbatch.server.admission`). Every response
+sent with an error status, the Gate's and routing's included, is counted
+(``http_request_errors_total{status}``, `contbatch.server.metrics`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -27,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contbatch.server.admission import TokenizerPool
 from contbatch.server.auth import Gate
@@ -54,9 +57,33 @@ def create_app(client: EngineClient, config: ServerConfig | None = None) -> Fast
         config.tokenizer_workers, config.tokenizer_queue, retry_after_s=config.retry_after_s
     )
     app.add_middleware(Gate, keys=config.api_keys)  # 401 (API keys), 415 (not JSON), 429 (key quotas)
+    app.add_middleware(ErrorCounter, count=client.count_http_error)  # outermost: sees the Gate's answers too
     _add_error_handlers(app)
     _add_routes(app, client)
     return app
+
+
+class ErrorCounter:
+    """ASGI middleware: `count(status)` for every HTTP response started with a status >= 400."""
+
+    def __init__(self, app: ASGIApp, count: Callable[[int], None]) -> None:
+        self.app = app
+        self.count = count
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                try:
+                    self.count(message["status"])
+                except Exception:  # counting must never cost a response
+                    log.exception("could not count an HTTP error")
+            await send(message)
+
+        await self.app(scope, receive, counting)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

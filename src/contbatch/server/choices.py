@@ -82,6 +82,11 @@ class Choices:
         for stream in self.streams:
             stream.abort()
 
+    def fail(self, detail: str) -> None:
+        """End every unfinished choice with an error (its output could not be delivered)."""
+        for stream in self.streams:
+            stream.fail(detail)
+
     def ack(self, index: int, num_tokens: int) -> None:
         self.streams[index].ack(num_tokens)
 

@@ -94,6 +94,12 @@ class RequestStream:
         if self.final is None:
             self._client.abort(self.request_id)
 
+    def fail(self, detail: str) -> None:
+        """End the request with an error (its output could not be delivered) unless its final
+        event was read."""
+        if self.final is None:
+            self._client.fail(self.request_id, detail)
+
 
 class EngineClient(Protocol):
     @property
@@ -121,6 +127,8 @@ class EngineClient(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
+    def fail(self, request_id: str, detail: str) -> None: ...  # ends it with an error (delivery failed)
+
     def ack(self, request_id: str, num_tokens: int) -> None: ...
 
     def health(self) -> Health: ...
@@ -128,6 +136,8 @@ class EngineClient(Protocol):
     def snapshot(self) -> DriverSnapshot: ...
 
     def render_metrics(self) -> bytes: ...  # Prometheus text format
+
+    def count_http_error(self, status: int) -> None: ...  # an HTTP response with an error status
 
     def start(self) -> None: ...
 
@@ -180,6 +190,9 @@ class DriverClient:
     def abort(self, request_id: str) -> None:
         self.driver.abort(request_id)
 
+    def fail(self, request_id: str, detail: str) -> None:
+        self.driver.fail(request_id, detail)
+
     def ack(self, request_id: str, num_tokens: int) -> None:
         self.driver.ack(request_id, num_tokens)
 
@@ -196,6 +209,9 @@ class DriverClient:
 
     def render_metrics(self) -> bytes:
         return self.metrics.render()
+
+    def count_http_error(self, status: int) -> None:
+        self.metrics.count_http_error(status)
 
     def start(self) -> None:
         if not self.driver.is_alive:

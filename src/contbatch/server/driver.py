@@ -8,7 +8,7 @@ iteration::
     core.step()                                            # schedule, execute, update, outputs
     route each output to its request's asyncio sink
 
-The asyncio side calls `submit`, `abort` and `ack` from any thread: they append to a locked
+The asyncio side calls `submit`, `abort`, `fail` and `ack` from any thread: they append to a locked
 inbox and wake the thread. Outputs go back with `loop.call_soon_threadsafe`, batched per event
 loop, once after the inbox is applied and once after each step. With nothing to run the thread
 sleeps until a submission or the loop's next timer (timeouts, paused streams).
@@ -16,8 +16,10 @@ sleeps until a submission or the loop's next timer (timeouts, paused streams).
 What a request goes through (intake, detokenization, stop strings, finishing, failure of its
 step or of its own output processing) is the loop's; the driver adds the server's protocol:
 each request's events go to its own sink, and a submission the loop cannot take (a duplicate
-id, an invalid request) is rejected here. An unexpected error in the driver itself fails the
-requests that were live and the loop goes on.
+id, an invalid request, a scheduler that raises on it) is rejected here. A request whose event
+could not be delivered (its sink raised, or the HTTP side could not write it: `fail`) ends with
+ERROR ("its output could not be delivered"); its final event still goes to its sink. An
+unexpected error in the driver itself fails the requests that were live and the loop goes on.
 
 Shutdown (`stop`): new submissions are refused (`DriverClosed`); in-flight requests get a grace
 period to finish, then the rest are cancelled (CANCELLED, "the server shut down") and the thread
@@ -45,6 +47,8 @@ from contbatch.server.delivery import EventSink, Outbox
 from contbatch.server.types import DriverSnapshot, RequestEvent, Submission
 
 log = logging.getLogger(__name__)
+
+DELIVERY_FAILED = "its output could not be delivered"  # how a delivery failure's detail begins
 
 
 class DriverClosed(RuntimeError):
@@ -74,7 +78,7 @@ class Driver:
         self._clock = clock
         self._cond = threading.Condition()
         self._inbox: deque[tuple[Any, ...]] = deque()
-        self._outbox = Outbox()
+        self._outbox = Outbox(on_error=self._sink_failed)
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, EventSink]] = {}
         self._num_live = 0  # submitted, final event not yet routed (under _cond)
         self._accepting = True
@@ -113,6 +117,14 @@ class Driver:
     def abort(self, request_id: str) -> None:
         """Cancel at the next step boundary (its KV is freed then); unknown or finished: no-op."""
         self._post(("abort", request_id))
+
+    def fail(self, request_id: str, detail: str) -> None:
+        """End the request with ERROR and `detail` at the next step boundary (its output could not
+        be delivered); unknown or finished: no-op."""
+        self._post(("fail", request_id, detail))
+
+    def _sink_failed(self, request_id: str, exc: Exception) -> None:
+        self.fail(request_id, f"{DELIVERY_FAILED}: {type(exc).__name__}: {exc}")
 
     def ack(self, request_id: str, num_tokens: int) -> None:
         """The client took `num_tokens` more output tokens (frees output credits)."""
@@ -176,6 +188,8 @@ class Driver:
                 core.abort(op[1], FinishReason.CANCELLED, "cancelled by the client")
             elif kind == "ack":
                 core.ack(op[1], op[2])
+            elif kind == "fail":
+                core.fail((op[1],), op[2])
             elif kind == "cancel_all":
                 for request_id in core.tracked_ids():
                     core.abort(request_id, FinishReason.CANCELLED, "the server shut down")

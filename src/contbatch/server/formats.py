@@ -80,7 +80,7 @@ def error_for(
     detail = event.finish_detail
     if reason is None or reason in SUCCESS:
         return None
-    if reason is FinishReason.REJECTED:
+    if reason is FinishReason.REJECTED and event.reject_kind != "internal":  # internal: the server's fault, a 500
         if event.reject_kind == "queue_full":
             return APIError(
                 429,

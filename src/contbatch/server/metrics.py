@@ -26,9 +26,14 @@ Finished requests, one family per outcome, so that no family mixes successes and
   or 413 before the driver saw them) are not counted;
 - ``request_failed_total{stage}``: ended with an error: ``step`` (the executor, i.e. the
   forward pass or sampling, or applying its result), ``output`` (detokenization or the stop
-  check), ``internal`` (the driver), ``other``.
+  check), ``delivery`` (its event could not be handed to its client: a sink that raised, a
+  response that could not be written), ``internal`` (the driver), ``other``.
 
-Their sum is the number of requests the driver finished. Every family is exported from the
+Their sum is the number of requests the driver finished. Besides, at the HTTP level,
+``http_request_errors_total{status}`` counts every response sent with an error status (4xx,
+5xx: the refusals of validation, tokenization, access and admission before the driver sees a
+request, and the errors of requests it finished); a stream's error event after its 200 is not
+one (its request is counted above). Every family is exported from the
 start, each known label value at 0. Every metric has a ``model_name`` label. The registry is per
 server (no global state).
 """
@@ -133,13 +138,16 @@ REJECT_KINDS = (  # shown at 0 from the start; any other kind appears when it ha
     "invalid",
     "internal",
 )
-FAILURE_STAGES = ("step", "output", "internal", "other")
+FAILURE_STAGES = ("step", "output", "delivery", "internal", "other")
 # how the loop and the driver word an ERROR's detail, by stage (the first match wins)
 _STAGE_PREFIXES = (
     ("the executor failed", "step"),
     ("its output could not be processed", "output"),
+    ("its output could not be delivered", "delivery"),
     ("internal error", "internal"),
 )
+# the error statuses exported from the start (any other is counted when it happens)
+HTTP_ERROR_STATUSES = (400, 401, 404, 405, 408, 413, 415, 429, 499, 500, 503, 504)
 
 # snapshot counters: (metric name without _total, help, SchedulerStats key)
 _STAT_COUNTERS: tuple[tuple[str, str, str], ...] = (
@@ -209,6 +217,12 @@ class ServerMetrics(StepObserver):
             ["model_name", "stage"],
             registry=reg,
         )
+        self.http_errors = Counter(
+            PREFIX + "http_request_errors",
+            "HTTP responses sent with an error status (4xx, 5xx), by status code.",
+            ["model_name", "status"],
+            registry=reg,
+        )
         self.ttft = Histogram(
             PREFIX + "time_to_first_token_seconds", "Time to first token.", labels, buckets=TTFT_BUCKETS, registry=reg
         )
@@ -257,6 +271,12 @@ class ServerMetrics(StepObserver):
             self.request_success.labels(model_name, reason)
         for stage in FAILURE_STAGES:
             self.request_failed.labels(model_name, stage)
+        for status in HTTP_ERROR_STATUSES:
+            self.http_errors.labels(model_name, str(status))
+
+    def count_http_error(self, status: int) -> None:
+        """An HTTP response with an error status was sent (any thread)."""
+        self.http_errors.labels(self.model_name, str(status)).inc()
 
     # -- StepObserver (the driver thread) -------------------------------------------------------
     def on_step(self, record: StepRecord) -> None:

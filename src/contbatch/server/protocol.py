@@ -4,9 +4,12 @@ Everything a client can get wrong is answered here with an `APIError`: an HTTP s
 OpenAI error JSON ``{"error": {"message", "type", "param", "code"}}`` whose message and
 ``param`` name the field. Bodies larger than the limit get 413, bodies that are not UTF-8 or not
 a JSON object 400. Unknown fields are ignored (as vLLM does); known features this server does
-not have (best_of > 1, suffix, tools, echo on chat, non-text response formats or content parts)
-are refused with 400 rather than silently dropped, and so are fields a backend cannot honour
-(`ModelInfo.unsupported`: the sim backend has no model, hence no logprobs or penalties).
+not have are refused with 400 when a request asks for them, rather than silently dropped:
+OpenAI's best_of > 1, suffix, tools, functions, a tool_choice or function_call other than
+"none"/"auto", audio output, web search, echo on chat, non-text response formats or content
+parts, and vLLM's extensions that change the output (`NOT_IMPLEMENTED`); so are fields a
+backend cannot honour (`ModelInfo.unsupported`: the sim backend has no model, hence no logprobs
+or penalties).
 
 Defaults: ``max_tokens`` is 16 for completions (OpenAI's); for chat, absent, the server's
 default (or what the context leaves); ``max_completion_tokens`` wins over ``max_tokens``;
@@ -15,8 +18,10 @@ default (or what the context leaves); ``max_completion_tokens`` wins over ``max_
 ``repetition_penalty`` in [0.01, 100], ``top_k`` -1, 0 (both off) or >= 1, ``min_p`` in [0, 1],
 ``logit_bias`` an object of token id (a decimal string) -> bias in [-100, 100], ``seed`` any
 64-bit integer ([-2^63, 2^64 - 1]), ``n`` 1 to 128 choices, ``logprobs`` 0 to 20 (completions:
-an integer; chat: true, with ``top_logprobs`` 0 to 20), ``stop`` a string or up to 16 strings,
-``priority`` an integer (lower runs first with a priority queue order). The sampling rules are
+an integer; chat: true, with ``top_logprobs`` 0 to 20), ``stop`` a string or up to 16 strings
+of at most 256 characters each (the stop check's cost per token grows with their length),
+``logit_bias`` at most 300 entries (a bound on what one request adds to each step), ``priority``
+an integer (lower runs first with a priority queue order). The sampling rules are
 `contbatch.loop.params`'.
 """
 
@@ -25,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +48,8 @@ from contbatch.server.backends.base import ChatMessage
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # characters per stop string
+MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_INT = (1 << 31) - 1
 MAX_N = 128  # choices per request at most
 LARGE_BODY_BYTES = 256 << 10  # larger request bodies are parsed on a worker thread
@@ -208,6 +215,11 @@ def _kind(value: object) -> str:
     return "an object"
 
 
+def _preview(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def get_int(
     body: Mapping[str, Any], name: str, *, default: int | None, minimum: int = -MAX_INT, maximum: int = MAX_INT
 ) -> int | None:
@@ -265,7 +277,44 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
         raise bad(f"'stop' must be a string or an array of strings, got {_kind(value)}", "stop")
     if len(items) > MAX_STOP_STRINGS:
         raise bad(f"'stop' holds {len(items)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop")
-    return tuple(check_text(s, "stop", allow_empty=False) for s in items)
+    stops = tuple(check_text(s, "stop", allow_empty=False) for s in items)
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        longest = max(len(s) for s in stops)
+        raise bad(f"'stop' strings may have at most {MAX_STOP_CHARS} characters, got one of {longest}", "stop")
+    return stops
+
+
+def _off(value: object) -> bool:
+    """Whether a field's value asks for nothing (absent, null, false, 0, empty)."""
+    return value is None or value is False or value == 0 or value in ("", [], {})
+
+
+# Fields of OpenAI's and vLLM's APIs this server does not implement: refused (400 naming them)
+# when their value asks for something (`asks(value)`), accepted when it asks for nothing.
+NOT_IMPLEMENTED: dict[str, Callable[[object], bool]] = {
+    "suffix": lambda v: not _off(v),
+    "tools": lambda v: not _off(v),
+    "functions": lambda v: not _off(v),
+    "tool_choice": lambda v: v not in (None, "none", "auto"),  # no tools: "none" and "auto" call none
+    "function_call": lambda v: v not in (None, "none", "auto"),
+    "modalities": lambda v: v is not None and v != ["text"],
+    "audio": lambda v: v is not None,
+    "web_search_options": lambda v: v is not None,
+    # vLLM's extensions that change the output
+    "min_tokens": lambda v: not _off(v),
+    "stop_token_ids": lambda v: not _off(v),
+    "include_stop_str_in_output": lambda v: not _off(v),
+    "skip_special_tokens": lambda v: v is not None and v is not True,
+    "use_beam_search": lambda v: not _off(v),
+    "prompt_logprobs": lambda v: v is not None,
+    "allowed_token_ids": lambda v: v is not None,
+    "bad_words": lambda v: not _off(v),
+    "guided_json": lambda v: v is not None,
+    "guided_regex": lambda v: v is not None,
+    "guided_choice": lambda v: v is not None,
+    "guided_grammar": lambda v: v is not None,
+    "structured_outputs": lambda v: v is not None,
+}
 
 
 def _refuse_unsupported(body: Mapping[str, Any], *, chat: bool) -> None:
@@ -277,9 +326,10 @@ def _refuse_unsupported(body: Mapping[str, Any], *, chat: bool) -> None:
         raise bad("'echo' is a /v1/completions parameter; chat completions do not echo", "echo")
     if not chat and body.get("top_logprobs") is not None:
         raise bad("'top_logprobs' is a chat parameter; on /v1/completions 'logprobs' is the number", "top_logprobs")
-    for name in ("suffix", "tools", "functions"):
-        if body.get(name):
-            raise bad(f"'{name}' is not supported", name)
+    for name, asks in NOT_IMPLEMENTED.items():
+        value = body.get(name)
+        if value is not None and asks(value):
+            raise bad(f"'{name}' is not supported by this server (got {_preview(value)})", name)
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise bad('\'response_format\' is not supported (only {"type": "text"})', "response_format")
@@ -293,6 +343,9 @@ def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
         return ()
     if not isinstance(value, dict):
         raise bad(f"'logit_bias' must be an object of token id -> bias, got {_kind(value)}", "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        limit = MAX_LOGIT_BIAS_ENTRIES
+        raise bad(f"'logit_bias' holds {len(value)} entries; at most {limit} are allowed", "logit_bias")
     pairs = []
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit() and len(key) <= 10) or int(key) > MAX_INT:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from contbatch.server.admission import TokenizerPool, check_prompt_size
 from contbatch.server.auth import KeyPolicy, request_priority, request_tenant
 from contbatch.server.choices import Choices, choice_submissions
 from contbatch.server.client import EngineClient, ModelInfo, RequestStream
-from contbatch.server.driver import DriverClosed
+from contbatch.server.driver import DELIVERY_FAILED, DriverClosed
 from contbatch.server.formats import (
     DONE,
     SUCCESS,
@@ -55,6 +56,8 @@ from contbatch.server.protocol import (
     read_json_body,
 )
 from contbatch.server.types import SamplingParams, Submission
+
+log = logging.getLogger(__name__)
 
 LONG_PROMPT_CHARS = 8192  # longer prompts are tokenized on the tokenizer pool's threads
 
@@ -107,12 +110,12 @@ async def generate(request: Request, *, chat: bool) -> Response:
             code="model_not_found",
         )
     _refuse_for_backend(parsed, info)
+    tenant = request_tenant(request, trust_header=config.trust_tenant_header)  # checked before any work
+    priority = request_priority(request, parsed.priority if body.get("priority") is not None else None)
     prompt_ids = await _prompt_ids(client, parsed, request.app.state.tokenizer_pool)
     params = _sampling_params(parsed, _max_tokens(parsed, len(prompt_ids), info, config))
     prefix = "chatcmpl-" if chat else "cmpl-"
     response_id = prefix + uuid.uuid4().hex
-    tenant = request_tenant(request, trust_header=config.trust_tenant_header)
-    priority = request_priority(request, parsed.priority if body.get("priority") is not None else None)
     submission = Submission(response_id, prompt_ids, params, arrival_ts, priority=priority, tenant=tenant)
     try:
         choices = Choices.submit(client, choice_submissions(submission, parsed.n))
@@ -196,8 +199,26 @@ def _reject_params(parsed: GenerationRequest) -> dict[str, str]:
 async def _prompt_ids(client: EngineClient, parsed: GenerationRequest, pool: TokenizerPool) -> tuple[int, ...]:
     """The prompt's token ids, through the loop's intake (tokenization and checks); a text that
     cannot fit is refused untokenized, a long one is tokenized on the bounded tokenizer pool,
-    keeping the event loop serving streams."""
+    keeping the event loop serving streams. A tokenizer that raises fails this request alone:
+    500 naming the prompt's field (code ``tokenization_failed``)."""
     param = "messages" if parsed.chat else "prompt"
+    try:
+        return await _tokenize(client, parsed, pool, param)
+    except APIError:
+        raise
+    except Exception as exc:
+        log.exception("tokenization failed")
+        raise APIError(
+            500,
+            f"'{param}' could not be tokenized: {type(exc).__name__}: {exc}",
+            param=param,
+            code="tokenization_failed",
+        ) from None
+
+
+async def _tokenize(
+    client: EngineClient, parsed: GenerationRequest, pool: TokenizerPool, param: str
+) -> tuple[int, ...]:
     prompt: str | tuple[int, ...]
     if parsed.chat:  # the template's token ids, as transformers' apply_chat_template(tokenize=True) gives them
         if sum(len(m.content) for m in parsed.messages) >= LONG_PROMPT_CHARS:
@@ -220,10 +241,13 @@ def _max_tokens(parsed: GenerationRequest, num_prompt: int, info: ModelInfo, con
     limit = info.max_model_len
     param = "messages" if parsed.chat else "prompt"
     if limit is not None and num_prompt >= limit:
-        raise bad(f"this model's maximum context length is {limit} tokens; the prompt alone has {num_prompt}", param)
+        raise bad(
+            f"this model's maximum context length is {limit} tokens; the prompt alone ('{param}') has {num_prompt}",
+            param,
+        )
     capacity = info.kv_capacity_tokens
     if capacity is not None and num_prompt >= capacity:
-        raise bad(f"the KV cache holds {capacity} tokens; the prompt alone has {num_prompt}", param)
+        raise bad(f"the KV cache holds {capacity} tokens; the prompt alone ('{param}') has {num_prompt}", param)
     if parsed.max_tokens is None:
         room = config.default_max_tokens if limit is None else limit - num_prompt
         if capacity is not None:
@@ -276,6 +300,8 @@ async def _sse(
             yield usage_chunk(meta, finals, hide_output=hide)
         yield DONE
     except Exception as exc:  # never leave a stream without an end
+        log.exception("a stream failed")
+        choices.fail(f"{DELIVERY_FAILED}: {type(exc).__name__}: {exc}")  # counted as its delivery's failure
         yield sse(APIError(500, f"the stream failed: {type(exc).__name__}: {exc}").body())
         yield DONE
     finally:
@@ -301,6 +327,8 @@ async def _collect(
         gone.cancel()
         if not gather.done():
             gather.cancel()
+        elif not gather.cancelled() and (exc := gather.exception()) is not None:
+            choices.fail(f"{DELIVERY_FAILED}: {type(exc).__name__}: {exc}")  # then its 500 (`app._guarded`)
         choices.abort()
     if gather not in done:
         return Response(status_code=499)  # the client left; nobody reads this

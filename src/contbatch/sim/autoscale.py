@@ -2,22 +2,26 @@
 
 At each tick (every `interval`) the autoscaler reads the pool's ready replicas' metric from
 scrapes `scrape_delay` old: `kv_usage` (fraction of KV blocks in use), `queue_length` (waiting
-requests) or `in_flight` (waiting + running requests). Like Kubernetes' HPA it wants
-``ceil(ready * mean / target)`` replicas, keeps the count while the mean is within `tolerance`
-of the target, and clamps to [`min_replicas`, `max_replicas`]. It adds replicas at most once per
-`scale_up_cooldown` and removes them at most once per `scale_down_cooldown` (both since the last
-change). A new replica is billed from its request and serves after `provisioning_delay`. Removing
-one first cancels replicas still provisioning, then drains ready ones (the fewest in flight,
-newest first on ties): a draining replica takes no new requests, finishes those it has, then
-stops; none is ever dropped.
+requests) or `in_flight` (waiting + running requests); for the last two, requests waiting at the
+gateway (its flow control) count too, shared over the ready replicas. Like Kubernetes' HPA it
+wants ``ceil(ready * mean / target)`` replicas, keeps the count while the mean is within
+`tolerance` of the target, and clamps to [`min_replicas`, `max_replicas`]; a scale-down goes only
+to the most replicas wanted over the last `scale_down_cooldown` (HPA's stabilization window, so
+one quiet tick does not flap the fleet). It adds replicas at most once per `scale_up_cooldown`
+and removes them at most once per `scale_down_cooldown` (both since the last change). A new
+replica is billed from its request and serves after `provisioning_delay`. Removing one first
+cancels replicas still provisioning, then drains ready ones (the fewest in flight, newest first
+on ties): a draining replica takes no new requests, finishes those it has, then stops; none is
+ever dropped.
 
-`decide` is a pure function of its arguments and the last change's time, so a tick's decision
-is reproducible and testable alone.
+`decide` is a function of its arguments and of its own past ticks (the last change's time and
+the stabilization window), so a tick's decision is reproducible and testable alone.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 METRICS = ("kv_usage", "queue_length", "in_flight")
@@ -59,12 +63,15 @@ class Autoscaler:
         self.config = config
         self.last_change_ts: float | None = None
         self.decisions: list[tuple[float, Decision]] = []
+        self._wanted: deque[tuple[float, int]] = deque()  # (tick, replicas wanted) in the stabilization window
 
-    def desired(self, values: list[float], num_ready: int, num_current: int) -> tuple[int, float | None]:
+    def desired(
+        self, values: list[float], num_ready: int, num_current: int, backlog: float = 0.0
+    ) -> tuple[int, float | None]:
         cfg = self.config
         if not values:
             return max(num_current, cfg.min_replicas), None
-        mean = sum(values) / len(values)
+        mean = (sum(values) + backlog) / len(values)
         ratio = mean / cfg.target
         if abs(ratio - 1.0) <= cfg.tolerance:
             want = num_current
@@ -74,11 +81,20 @@ class Autoscaler:
             want = max(want, num_current) if want > num_ready else want
         return min(cfg.max_replicas, max(cfg.min_replicas, want)), mean
 
-    def decide(self, now: float, values: list[float], num_ready: int, num_provisioning: int) -> Decision:
-        """The change to make at `now`, given the metric of each ready replica (`values`)."""
+    def decide(
+        self, now: float, values: list[float], num_ready: int, num_provisioning: int, backlog: float = 0.0
+    ) -> Decision:
+        """The change to make at `now`, given the metric of each ready replica (`values`) and
+        what waits at the gateway (`backlog`, in the metric's unit, shared over them)."""
         cfg = self.config
         current = num_ready + num_provisioning
-        want, mean = self.desired(values, num_ready, current)
+        want, mean = self.desired(values, num_ready, current, backlog)
+        wanted = self._wanted
+        wanted.append((now, want))
+        while wanted[0][0] < now - cfg.scale_down_cooldown:
+            wanted.popleft()
+        if want < current:
+            want = min(current, max(w for _, w in wanted))  # stabilized: the most wanted in the window
         since = math.inf if self.last_change_ts is None else now - self.last_change_ts
         change = want - current
         if (change > 0 and since < cfg.scale_up_cooldown) or (change < 0 and since < cfg.scale_down_cooldown):

@@ -95,6 +95,7 @@ class ClusterSim:
         self.pricers: dict[str, PoolPricer] = {}
         self._pool_pricers: dict[str, PoolPricer] = {}
         self.groups = self._groups()
+        self.entry = self.groups["decode" if fleet.is_disaggregated else "mixed"]  # where requests enter
         scrapes = any(g.router.needs_scrape for g in self.groups.values()) and fleet.signal_delay > 0
         delays = [p.autoscale.scrape_delay for p in fleet.pools if p.autoscale is not None]
         self.max_delay = max([fleet.signal_delay if scrapes else 0.0, *delays])
@@ -102,6 +103,7 @@ class ClusterSim:
         self.scalers = {p.name: Autoscaler(p.autoscale) for p in fleet.pools if p.autoscale is not None}
         self.admission = None if fleet.admission.is_open else AdmissionStage(fleet.admission, self.start_ts)
         self._release_at: float | None = None
+        self.release_due = False  # a request ended or a replica came up while requests wait at the gateway
         self.report = Reporter(self, sample_interval)
         self._setup_disagg()
         # decode runs hide which chunk sampled what: not with a router that counts streamed tokens
@@ -164,6 +166,8 @@ class ClusterSim:
         if replica.history is not None:
             replica.note(now)
         self.report.pool_changed(replica.pool, now)
+        if self.admission is not None and self.admission.num_queued:
+            self.release_due = True  # new room
 
     # -- the event loop ------------------------------------------------------------------------
     def _push(self, ts: float, kind: int, payload: object) -> int:
@@ -183,19 +187,26 @@ class ClusterSim:
         while True:
             arrival = specs[k].arrival_ts if k < n else math.inf
             if heap and (heap[0][0] < arrival or (heap[0][0] == arrival and heap[0][1] < ARRIVAL)):
-                ts, kind, seq, payload = heapq.heappop(heap)
+                now, kind, seq, payload = heapq.heappop(heap)
                 if kind == STEP_END:
                     if seq == payload.event_seq:  # type: ignore[attr-defined]  # (else a cut run moved it)
-                        self._step_end(payload, ts)  # type: ignore[arg-type]
+                        self._step_end(payload, now)  # type: ignore[arg-type]
                 else:
-                    self._other_event(kind, payload, ts)
+                    self._other_event(kind, payload, now)
             elif k < n:
-                self._arrive(specs[k], arrival)
+                now = arrival
+                self._arrive(specs[k], now)
                 k += 1
             else:
                 break
+            if self.release_due:  # (never from inside a replica's step handling)
+                self.release_due = False
+                self._release(now)
             if inspect is not None:
                 inspect(self, None)
+        return self._finish()
+
+    def _finish(self) -> ClusterResult:
         if any(r.live or r.busy for r in self.replicas) or self.jobs:
             raise RuntimeError("the fleet stopped with work pending (a scheduler that scheduled nothing)")
         for replica in self.replicas:
@@ -235,12 +246,20 @@ class ClusterSim:
     def _release(self, now: float) -> None:
         admission = self.admission
         assert admission is not None
-        for spec in admission.release(now):
+        while admission.num_queued and self._has_room():
+            spec = admission.release_one(now)
+            if spec is None:
+                break
             self._dispatch(spec, now)
-        when = admission.next_ready_ts(now)
-        if when is not None and (self._release_at is None or when < self._release_at):
+        when = admission.next_ready_ts(now)  # (a request waiting for room waits for a request to end)
+        if when is not None and when > now and (self._release_at is None or when < self._release_at):
             self._release_at = when
             self._push(when, RELEASE, None)
+
+    def _has_room(self) -> bool:
+        """Some routable replica of the entry group holds fewer than `max_in_flight` requests."""
+        limit = self.fleet.admission.max_in_flight
+        return limit is None or any(v.num_in_flight < limit for v in self.entry.views)
 
     def _reject(self, spec: TraceRequest, now: float, reason: str) -> None:
         timeline = Timeline(spec.request_id, spec.arrival_ts, spec.num_prompt_tokens, tenant=spec.tenant,
@@ -265,10 +284,11 @@ class ClusterSim:
 
     def _dispatch(self, spec: TraceRequest, now: float) -> None:
         route = self.route_request(spec)
+        limit = self.fleet.admission.max_in_flight
         if not self.fleet.is_disaggregated:
-            self._place(self.groups["mixed"].route(route, now), spec, now)
+            self._place(self.entry.route(route, now, limit), spec, now)
             return
-        decode = self.groups["decode"].route(route, now)
+        decode = self.entry.route(route, now, limit)
         disagg = self.fleet.disagg
         assert disagg is not None
         cached = 0
@@ -451,6 +471,8 @@ class ClusterSim:
         if role == "prefill":
             self._prefilled(replica, request, now)
             return
+        if self.admission is not None and self.admission.num_queued:
+            self.release_due = True  # room for one waiting at the gateway, once this event is handled
         job = self.jobs.pop(request.request_id, None) if role == "decode" else None
         if job is not None and job.prefill_scheduled_ts is not None:
             stamps = request.timeline.scheduled_ts
@@ -479,7 +501,8 @@ class ClusterSim:
         ready = [r for r in mine if r.state is ReplicaState.READY]
         provisioning = [r for r in mine if r.state is ReplicaState.PROVISIONING]
         values = [v for v in (_metric(r, cfg.metric, now - cfg.scrape_delay, now) for r in ready) if v is not None]
-        decision = scaler.decide(now, values, len(ready), len(provisioning))
+        backlog = self.admission.num_queued if self.admission is not None and cfg.metric != "kv_usage" else 0
+        decision = scaler.decide(now, values, len(ready), len(provisioning), float(backlog))
         for _ in range(decision.change):
             replica = self._new_replica(pool, now)
             self._push(now + cfg.provisioning_delay, READY, replica)

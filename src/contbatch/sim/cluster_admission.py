@@ -1,5 +1,6 @@
 """The gateway's admission stage: a bounded queue in front of a global token bucket and
-per-tenant token buckets.
+per-tenant token buckets. (The fleet's per-replica in-flight limit is the simulator's: it asks
+for one request at a time, `release_one`, while some replica has room.)
 
 A bucket of rate `r` and size `burst` starts full and refills continuously; a request takes one
 token from its tenant's bucket (when its tenant has a rate) and one from the global bucket (when
@@ -72,18 +73,23 @@ class AdmissionStage:
     def release(self, now: float) -> list[TraceRequest]:
         """The queued requests that may go now, in the order they go."""
         released: list[TraceRequest] = []
-        while self.num_queued:
-            found, head = self._next_head(now)
-            if not found:
-                break
-            queue = self._queues[head]
-            spec = queue.popleft()
-            for bucket in (self._bucket(head, now), self._global):
-                if bucket is not None:
-                    bucket.tokens -= 1.0
-            self.num_queued -= 1
+        while (spec := self.release_one(now)) is not None:
             released.append(spec)
         return released
+
+    def release_one(self, now: float) -> TraceRequest | None:
+        """The next queued request that may go now (its tokens taken), or None."""
+        if not self.num_queued:
+            return None
+        found, head = self._next_head(now)
+        if not found:
+            return None
+        spec = self._queues[head].popleft()
+        for bucket in (self._bucket(head, now), self._global):
+            if bucket is not None:
+                bucket.tokens -= 1.0
+        self.num_queued -= 1
+        return spec
 
     def _next_head(self, now: float) -> tuple[bool, str | None]:
         """(True, the tenant whose head goes next: oldest first among those with tokens), or

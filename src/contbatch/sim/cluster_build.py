@@ -6,6 +6,7 @@ Keys (all optional; the default is one replica behind ``least_outstanding``)::
     replicas: 4                  # an aggregated fleet: one pool of mixed replicas
     prefill: 2                   # a disaggregated one: a prefill pool and a decode pool
     decode: 2
+    shape: "2:2"                 # the same in one value (a sweep axis): "N" replicas, or "P:D"
     router: least_outstanding    # the mixed or decode pool's router spec (contbatch.routing)
     prefill_router: round_robin  # the prefill pool's
     threshold: 0                 # selective disaggregation: uncached prompt tokens to go to prefill
@@ -41,6 +42,7 @@ from contbatch.sim.cluster_config import (
 from contbatch.sim.cost import CostModel, CostSpecError, parse_cost
 
 FLEET_KEYS = (
+    "shape",
     "replicas",
     "prefill",
     "decode",
@@ -171,6 +173,22 @@ def _pools(desc: Mapping[str, Any], base: PoolSpec) -> tuple[PoolSpec, ...]:
     return (dataclasses.replace(base, num_replicas=count, autoscale=scale),)
 
 
+def _shape(desc: Mapping[str, Any]) -> dict[str, Any]:
+    """`shape: "N"` as `replicas: N`, `shape: "P:D"` as `prefill: P, decode: D`."""
+    if "shape" not in desc:
+        return dict(desc)
+    if any(k in desc for k in ("replicas", "prefill", "decode", "pools")):
+        raise FleetError("fleet.shape: give shape, or replicas / prefill and decode / pools, not both")
+    shape = str(desc["shape"]).strip()
+    parts = shape.split(":")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise FleetError(f"fleet.shape: expected N (replicas) or P:D (prefill:decode replicas), got {shape!r}")
+    rest = {k: v for k, v in desc.items() if k != "shape"}
+    if len(parts) == 1:
+        return {**rest, "replicas": int(parts[0])}
+    return {**rest, "prefill": int(parts[0]), "decode": int(parts[1])}
+
+
 def build_fleet(
     desc: Mapping[str, Any],
     *,
@@ -181,8 +199,8 @@ def build_fleet(
 ) -> FleetSpec:
     """The fleet `desc` describes (see the module docstring); pools use `cost`, `config` and
     `scheduler` unless they say otherwise."""
-    desc = _mapping("fleet", desc)
-    _known("fleet", desc, FLEET_KEYS)
+    _known("fleet", _mapping("fleet", desc), FLEET_KEYS)
+    desc = _shape(desc)
     base = PoolSpec("replica", cost, config, 1, scheduler=scheduler, cost_spec=cost_spec,
                     price_per_hour=_number("fleet.price", desc.get("price", 1.0)),
                     num_devices=_count("fleet.devices", desc.get("devices", devices_of(cost))))  # fmt: skip

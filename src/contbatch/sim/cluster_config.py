@@ -10,8 +10,10 @@ so that `contbatch.sim.cluster.simulate_cluster` cannot fail on its input.
   and `decode` pools, both needed; `prefill_router` routes prefills, `router` decodes, each its
   own router instance) with a `DisaggConfig`.
 - `AdmissionConfig`: the gateway's queue bound, a global token bucket (requests per time unit,
-  burst) and per-tenant buckets; a request leaves the gateway queue when its tenant's bucket and
-  the global one both hold a token, and is rejected (`gateway_queue_full`) when the queue is full.
+  burst), per-tenant buckets and a per-replica in-flight limit; a request leaves the gateway
+  queue when its tenant's bucket and the global one both hold a token and some replica has fewer
+  than `max_in_flight` of the gateway's requests (it is routed among those), and is rejected when
+  the queue is full.
 - `signal_delay`: routers see scrapes of the replicas' metrics as of `now - signal_delay`.
 """
 
@@ -68,11 +70,12 @@ class AdmissionConfig:
     rate: float | None = None  # global token bucket: requests per time unit; None: no limit
     burst: float = 1.0  # tokens a bucket holds (it starts full)
     tenant_rates: tuple[tuple[str, float], ...] = ()  # (tenant, requests per time unit), same burst
+    max_in_flight: int | None = None  # per replica: beyond, requests wait at the gateway (flow control)
 
     @property
     def is_open(self) -> bool:
         """Admits everyone at once (the stage is skipped)."""
-        return self.rate is None and not self.tenant_rates
+        return self.rate is None and not self.tenant_rates and self.max_in_flight is None
 
     def check(self) -> None:
         if self.max_queue is not None and self.max_queue < 0:
@@ -80,6 +83,8 @@ class AdmissionConfig:
         rates = [r for _, r in self.tenant_rates] + ([self.rate] if self.rate is not None else [])
         if any(not r > 0 for r in rates) or not self.burst >= 1:
             raise FleetError("admission: every rate must be > 0 and burst >= 1")
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise FleetError(f"admission: max_in_flight must be >= 1, got {self.max_in_flight}")
 
 
 @dataclass(frozen=True, slots=True)

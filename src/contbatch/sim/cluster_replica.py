@@ -204,13 +204,17 @@ class Group:
         """`replica` stopped: its accounting goes."""
         self.tracker.remove_replica(replica.replica_id)
 
-    def route(self, request: RouteRequest, now: float) -> Replica:
-        """Choose a routable replica for `request` and count it there."""
-        views = self.views
+    def route(self, request: RouteRequest, now: float, limit: int | None = None) -> Replica:
+        """Choose a routable replica for `request` (among those with fewer than `limit` requests
+        in flight, when given) and count it there."""
+        replicas, views = self.routable, self.views
+        if limit is not None:
+            room = [i for i, v in enumerate(views) if v.num_in_flight < limit]
+            replicas, views = [replicas[i] for i in room], [views[i] for i in room]
         if self.router.needs_scrape:
             cutoff = now - self.signal_delay
-            for replica, view in zip(self.routable, views, strict=True):
+            for replica, view in zip(replicas, views, strict=True):
                 view.scrape = replica.scrape_at(cutoff, now)
-        replica = self.routable[self.router.choose(request, views)]
+        replica = replicas[self.router.choose(request, views)]
         self.tracker.routed(request, replica.replica_id)
         return replica

@@ -18,6 +18,7 @@ from contbatch.sim.cluster_result import (
     ScaleEvent,
     summed_stats,
 )
+from contbatch.sim.cluster_transfer import TransferStats
 
 if TYPE_CHECKING:
     from contbatch.sim.cluster import ClusterSim
@@ -74,10 +75,9 @@ class Reporter:
         gateway: dict[str, object] = {"num_gateway_rejected": sim.num_gateway_rejected}
         if sim.admission is not None:
             gateway["max_gateway_queue"] = sim.admission.max_queued
-        transfers: dict[str, object] = {}
-        if sim.link is not None:
-            transfers = {"num_disaggregated": sim.num_disaggregated, "num_decode_only": sim.num_decode_only,
-                         **sim.link.stats.as_dict()}  # fmt: skip
+        link = sim.link.stats if sim.link is not None else TransferStats()  # (zeros when aggregated)
+        transfers = {"num_disaggregated": sim.num_disaggregated, "num_decode_only": sim.num_decode_only,
+                     **link.as_dict()}  # fmt: skip
         return ClusterResult(
             time_unit=sim.fleet.time_unit,
             timelines=timelines,

@@ -10,7 +10,8 @@ simulator with the trace at the rate:
 - heterogeneous: for each pair of kinds, each count of the first below its homogeneous answer
   and the fewest of the second that completes it (bisection);
 - disaggregated: for each kind, the smallest total of prefill plus decode replicas for which
-  some P:D split meets the target, every split of that total tried (the best one is kept).
+  some P:D split meets the target (totals by doubling then bisection; at each total the best
+  split by a ternary search on attainment).
 
 The cheapest is the passing fleet of the lowest price per hour (then the fewest devices). The
 search assumes attainment does not fall as replicas are added; every fleet simulated is kept as a
@@ -140,16 +141,27 @@ class FleetPlanner:
         return found
 
     def disaggregated(self, kind: ReplicaKind, most: int) -> FleetCandidate | None:
-        """The smallest total of prefill + decode replicas (at most `most`) with a passing split."""
-        for total in range(2, most + 1):
-            splits = [
-                self.evaluate(((kind, "prefill", p), (kind, "decode", total - p)), "disaggregated")
-                for p in range(1, total)
-            ]
-            passing = [c for c in splits if c.passes]
-            if passing:
-                return max(passing, key=lambda c: c.attainment)
-        return None
+        """The smallest total of prefill + decode replicas (at most `most`) with a passing split,
+        and its best split: totals by doubling then bisection, splits by a ternary search on
+        attainment (taken as unimodal in the prefill share)."""
+        found = _fewest(lambda total: self.best_split(kind, total).passes, 2, max(2, most))
+        return None if found is None else self.best_split(kind, found)
+
+    def best_split(self, kind: ReplicaKind, total: int) -> FleetCandidate:
+        """The split of `total` replicas into prefill and decode with the highest attainment."""
+
+        def at(p: int) -> FleetCandidate:
+            return self.evaluate(((kind, "prefill", p), (kind, "decode", total - p)), "disaggregated")
+
+        lo, hi = 1, total - 1
+        while hi - lo > 2:
+            third = (hi - lo) // 3
+            left, right = lo + third, hi - third
+            if at(left).attainment < at(right).attainment:
+                lo = left + 1
+            else:
+                hi = right
+        return max((at(p) for p in range(lo, hi + 1)), key=lambda c: c.attainment)  # (ties: fewest prefill)
 
 
 def _fewest(passes: object, low: int, high: int) -> int | None:

@@ -4,7 +4,8 @@ With a ``fleet:`` mapping (the keys of `contbatch.sim.cluster_build`: replicas, 
 decode, router, prefill_router, threshold, link, signal_delay, price, devices, autoscale,
 admission, pools) every grid point runs the cluster simulator on that fleet instead of one
 replica. A grid axis ``fleet.KEY`` varies one of its scalar keys (``fleet.router``,
-``fleet.replicas``, ``fleet.prefill``, ``fleet.decode``, ``fleet.threshold``,
+``fleet.replicas``, ``fleet.shape`` (``"4"``, or ``"1:3"`` prefill:decode), ``fleet.prefill``,
+``fleet.decode``, ``fleet.threshold``,
 ``fleet.signal_delay``, ``fleet.price``...), so a file can sweep routers, pool sizes and P:D
 ratios. A point's result adds the fleet's keys (replica-seconds, cost, transfers...) to the
 summary. ``sample_interval: S`` in the section records every replica's load and KV usage every
@@ -41,17 +42,18 @@ def fleet_axis_name(key: str) -> str:
 
 def point_fleet(base: Mapping[str, Any] | None, values: tuple[tuple[str, Any], ...]) -> dict[str, Any] | None:
     """The fleet description of a grid point: the file's ``fleet:`` with the point's fleet axes
-    applied (a ``fleet.prefill``/``fleet.decode`` axis drops a fixed ``replicas``, and the other
-    way round); None when the sweep has no fleet."""
+    applied (an axis of the fleet's size, ``fleet.shape``, ``fleet.replicas``, ``fleet.prefill`` or
+    ``fleet.decode``, replaces the file's other size keys); None when the sweep has no fleet."""
     axes = {name[len(PREFIX) :]: value for name, value in values if is_fleet_axis(name)}
     if base is None and not axes:
         return None
     desc = dict(base or {})
-    if "replicas" in axes:
-        desc.pop("prefill", None)
-        desc.pop("decode", None)
-    if "prefill" in axes or "decode" in axes:
-        desc.pop("replicas", None)
+    sizes = ("shape", "replicas", "prefill", "decode")
+    varied = {k for k in axes if k in sizes}
+    if varied:  # an axis of the fleet's size replaces the file's size (a prefill axis keeps its decode)
+        for key in sizes:
+            if key not in varied and not ({key, *varied} <= {"prefill", "decode"}):
+                desc.pop(key, None)
     desc.update(axes)
     return desc
 
