@@ -335,28 +335,17 @@ def test_dynamic_rope_without_prompt_lengths_is_refused_past_max_positions(
         _model_rows(model, prompt, None, [[(0, 33)]])
 
 
-def _runner_passes_prompt_lengths(runner: ModelRunner) -> bool:
-    try:
-        seq = SequenceState([1, 2], [0], num_prompt_tokens=2)  # type: ignore[call-arg]
-    except TypeError:
-        return False
-    batch = runner.build_batch([ScheduledChunk("r", 0, 2, True, True)], {"r": seq})
-    return batch.meta.layouts[0].num_prompt_tokens == 2
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("num_blocks", "preemption"), [(64, "recompute"), (16, "recompute"), (16, "swap")])
 def test_dynamic_rope_greedy_through_the_engine_equals_generate(
     dynamic_checkpoint: HFCheckpoint, num_blocks: int, preemption: str
 ) -> None:
     """Chunked prefill (budget 16) of prompts longer than max_position_embeddings, outputs past it,
-    preemption: generate's tokens. Needs the runner to pass each chunk's prompt length."""
+    preemption: generate's tokens (the runner passes each chunk's prompt length)."""
     prompts = [random_prompt(n, TINY["vocab_size"], seed=60 + n) for n in (37, 12, 26)]
     num_new = 20
     want = [_hf_steps(dynamic_checkpoint.model, p, num_new)[0] for p in prompts]
     engine = _engine(dynamic_checkpoint.path, num_blocks=num_blocks, preemption=preemption, budget=16)
-    if not _runner_passes_prompt_lengths(engine.runner):
-        pytest.xfail("the runner does not pass ChunkLayout.num_prompt_tokens yet (see docs/engine.md)")
     assert _engine_outputs(engine, prompts, num_new) == want
     stats = engine.scheduler.stats
     if num_blocks < 64:
