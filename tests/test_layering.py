@@ -13,18 +13,39 @@ import pytest
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "contbatch.core": (
-        "torch", "numpy", "asyncio", "contbatch.loop", "contbatch.metrics", "contbatch.sim", "contbatch.traces",
+        "torch",
+        "numpy",
+        "asyncio",
+        "contbatch.loop",
+        "contbatch.metrics",
+        "contbatch.sim",
+        "contbatch.traces",
     ),
     # the one step loop: the standard library and core only
     "contbatch.loop": (
-        "torch", "numpy", "asyncio", "contbatch.metrics", "contbatch.sim", "contbatch.engine", "contbatch.server",
+        "torch",
+        "numpy",
+        "asyncio",
+        "contbatch.metrics",
+        "contbatch.sim",
+        "contbatch.engine",
+        "contbatch.server",
         "contbatch.traces",
     ),
     "contbatch.traces": ("torch", "numpy", "asyncio", "contbatch.sim", "contbatch.metrics"),
     # the routing core, shared by the cluster simulator and a real gateway: the standard library only
     "contbatch.routing": (
-        "torch", "numpy", "asyncio", "contbatch.core", "contbatch.loop", "contbatch.metrics", "contbatch.sim",
-        "contbatch.traces", "contbatch.engine", "contbatch.server", "contbatch.bench",
+        "torch",
+        "numpy",
+        "asyncio",
+        "contbatch.core",
+        "contbatch.loop",
+        "contbatch.metrics",
+        "contbatch.sim",
+        "contbatch.traces",
+        "contbatch.engine",
+        "contbatch.server",
+        "contbatch.bench",
     ),
     "contbatch.metrics": ("torch", "asyncio", "matplotlib", "contbatch.sim", "contbatch.engine", "contbatch.server"),
     "contbatch.sim": ("torch", "asyncio", "matplotlib", "contbatch.engine", "contbatch.server"),
@@ -34,6 +55,20 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "contbatch.engine": ("fastapi", "contbatch.sim", "contbatch.server"),
     "contbatch.server": ("torch",),
     "contbatch.bench": ("torch", "contbatch.engine", "contbatch.sim"),
+    # the gateway (`app` imports every module of it): the routing core and the server's access and
+    # error helpers, never the simulator, the engine or the server's driver
+    "contbatch.gateway.app": (
+        "torch",
+        "numpy",
+        "contbatch.engine",
+        "contbatch.sim",
+        "contbatch.bench",
+        "contbatch.metrics",
+        "contbatch.traces",
+        "contbatch.server.driver",
+        "contbatch.server.serving",
+        "contbatch.server.backends.sim",
+    ),
     # joins the engine and the simulator; plots only on request, never the server
     "contbatch.calibrate": ("fastapi", "matplotlib", "contbatch.server"),
 }

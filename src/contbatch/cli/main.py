@@ -1,4 +1,4 @@
-"""The `contbatch` command line: `simulate`, `compare`, `capacity`, `sweep`, `serve` and `bench`.
+"""The `contbatch` command line: `simulate`, `compare`, `capacity`, `sweep`, `serve`, `route` and `bench`.
 
 Bad input (unknown names, bad values, unreadable traces) is answered with one line on stderr
 and exit code 2; a failure inside a run with exit code 1 and its message, never a traceback.
@@ -18,6 +18,7 @@ from contbatch.cli.capacity_cmd import add_capacity_parser, run_capacity_command
 from contbatch.cli.engine_cmd import add_engine_parsers, run_generate_command, run_run_command
 from contbatch.cli.options import UsageError, add_run_flags, add_vary_flags, resolve
 from contbatch.cli.report import run_all, to_document, to_json, to_text, write_out_dir
+from contbatch.cli.route_cmd import add_route_parser, run_route_command
 from contbatch.cli.serve_cmd import add_serve_parser, run_serve_command
 from contbatch.cli.sweep_cmd import add_sweep_parser, run_sweep_command
 from contbatch.sim.loop import SimulationStalled
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_parsers(commands)
     add_sweep_parser(commands)
     add_serve_parser(commands)
+    add_route_parser(commands)
     add_bench_parser(commands)
     return parser
 
@@ -96,6 +98,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": run_validate_command,
     "sweep": run_sweep_command,
     "serve": run_serve_command,
+    "route": run_route_command,
     "bench": run_bench_command,
 }
 
