@@ -85,6 +85,30 @@ def test_constructor_validates_too(field: str, value: Any) -> None:
         SchedulerConfig(**{field: value})
 
 
+def test_vllm_preset() -> None:
+    config = preset_config("vllm")
+    assert (config.max_num_batched_tokens, config.max_num_seqs, config.chunked_prefill) == (8192, 256, True)
+    assert config.kv is not None
+    assert (config.kv.block_size, config.kv.watermark, config.kv.preemption) == (16, 0.0, "recompute")
+    assert config.kv.admit_whole_sequence and config.kv.enable_prefix_caching
+
+
+KV_BAD_VALUES: list[tuple[str, Any]] = [
+    ("admit_whole_sequence", "yes"),
+    ("admit_whole_sequence", 1),
+    ("enable_prefix_caching", None),
+    ("watermark", 1.5),
+    ("block_size", 0),
+    ("victim", "oldest"),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), KV_BAD_VALUES, ids=[f"{f}={v!r}" for f, v in KV_BAD_VALUES])
+def test_kv_bad_values_name_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=f"kv.{field}"):
+        SchedulerConfig.from_dict({"kv": {field: value}}, base=preset_config("vllm"))
+
+
 def test_unknown_preset() -> None:
     with pytest.raises(ConfigError, match="nope"):
         preset_config("nope")

@@ -92,6 +92,23 @@ def test_optimistic_holds_only_the_first_chunk_of_a_long_prompt() -> None:
     assert a.finish_reason is FinishReason.LENGTH
 
 
+def test_admit_whole_sequence_waits_for_the_whole_prompt_but_holds_the_first_chunk() -> None:
+    """vLLM V1's gate: b (a 30-token prompt, 8 blocks) is admitted only when 8 blocks are free
+    (a, holding 4 of 11, finished), though its first chunk takes 4; without the gate it starts
+    beside a at once."""
+    for whole, b_starts in ((True, 2.0), (False, 1.0)):
+        s = kv_sched(budget=16, block_size=4, num_blocks=11, watermark=0.0, admit_whole_sequence=whole)
+        add(s, "a", 0.0, 14, 2)
+        step(s, 0.0)
+        b = add(s, "b", 1.0, 30, 2)
+        now = 1.0
+        while not b.timeline.scheduled_ts:
+            step(s, now)
+            now += 1.0
+        assert b.timeline.scheduled_ts[0] == b_starts and held(s, "b") == 4, whole
+        run_to_end(s, now)
+
+
 def _pressure() -> tuple[ContinuousScheduler, dict[str, Request]]:
     """a, b, c decode in 6 blocks of 2 tokens; at t=3 a needs its third block and the pool is
     full. d waits (max_num_seqs=3)."""

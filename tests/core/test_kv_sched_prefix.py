@@ -1,7 +1,8 @@
-"""Prefix caching in the scheduler: a request's first admission starts after the full prompt
-blocks already cached (at most prompt - 1 tokens, one must be computed to sample), shares those
-blocks (reference counts), and counts query / hit tokens; a re-admission after a recompute
-preemption counts nothing again. Stepped by hand, `check_invariants` after every `update`.
+"""Prefix caching in the scheduler: a request's admission starts after the leading full blocks
+already cached (whole blocks, fewer than its known tokens: one must be computed to sample), shares
+those blocks (reference counts), and counts query / hit tokens on its first admission; a
+re-admission after a recompute preemption finds its own prompt and output blocks if they are
+still cached, and counts nothing again. Stepped by hand, `check_invariants` after every `update`.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def test_second_request_of_a_group_starts_after_the_shared_blocks() -> None:
     assert kv.num_used_blocks == 0
 
 
-def test_a_whole_prompt_hit_still_computes_its_last_token() -> None:
+def test_a_whole_prompt_hit_still_computes_its_last_block() -> None:
     s = make()
     first_chunk(s, Request("a", 0.0, 8, 4, block_hashes=SHARED), 0.0)
     c = Request("c", 1.0, 8, 2, block_hashes=SHARED)
-    assert first_chunk(s, c, 1.0) == (7, 1)  # 8 hit tokens, capped at prompt - 1
-    assert s.stats.num_prefix_hit_tokens == 7 and s.stats.num_prefix_query_tokens == 16
+    assert first_chunk(s, c, 1.0) == (4, 4)  # hits are whole blocks short of the last token (vLLM)
+    assert s.stats.num_prefix_hit_tokens == 4 and s.stats.num_prefix_query_tokens == 16
     assert c.num_output_tokens == 1
 
 
@@ -105,9 +106,10 @@ def test_no_hits_and_no_counts_without_prefix_caching() -> None:
     assert s.stats.prefix_hit_rate is None
 
 
-def test_a_request_readmitted_after_recompute_counts_no_hits_again() -> None:
-    """a and b share 2 blocks of 2 tokens; with 6 blocks b (the newest) is preempted at t=5 and
-    comes back at t=8, after a finished, onto blocks still cached."""
+def test_a_request_readmitted_after_recompute_starts_after_its_cached_blocks() -> None:
+    """a and b share 2 blocks of 2 tokens; with 6 blocks b (the newest) is preempted at t=4 (it
+    had computed 6 positions) and comes back at t=8, after a finished, onto the shared blocks a
+    left cached (a's growth evicted b's own output block)."""
     s = make(num_blocks=6, block_size=2, budget=32)
     assert s.memory is not None
     kv = s.memory.kv
@@ -117,8 +119,8 @@ def test_a_request_readmitted_after_recompute_counts_no_hits_again() -> None:
     step(s, 0.0)
     s.add_request(b, 1.0)
     out = step(s, 1.0)
-    assert [(c.request_id, c.start) for c in out.chunks] == [("a", 4), ("b", 3)]  # 4 hit tokens, capped at 3
-    assert (s.stats.num_prefix_query_tokens, s.stats.num_prefix_hit_tokens) == (8, 3)
+    assert [(c.request_id, c.start) for c in out.chunks] == [("a", 4), ("b", 2)]  # whole blocks short of 4 tokens
+    assert (s.stats.num_prefix_query_tokens, s.stats.num_prefix_hit_tokens) == (8, 2)
     preempted_at = None
     now = 2.0
     while s.has_unfinished():
@@ -128,12 +130,12 @@ def test_a_request_readmitted_after_recompute_counts_no_hits_again() -> None:
             preempted_at = now
         b_chunk = next((c for c in out.chunks if c.request_id == "b"), None)
         if preempted_at is not None and b_chunk is not None and b.timeline.scheduled_ts[-1] == now:
-            assert (b_chunk.start, b_chunk.num_new_tokens) == (0, 8)  # from 0 over prompt + 4 outputs
+            assert (b_chunk.start, b_chunk.num_new_tokens) == (4, 3)  # after 2 cached blocks, to 3 outputs
             assert kv.block_table("b")[:2] == (0, 1)  # the cached blocks are shared again ...
         s.update(out, sampled(out), now + 1.0)
         check_invariants(s)
         now += 1.0
-    assert preempted_at == 5.0 and b.timeline.scheduled_ts == [1.0, 8.0]
-    assert (s.stats.num_prefix_query_tokens, s.stats.num_prefix_hit_tokens) == (8, 3)  # ... but not counted
-    assert s.stats.num_recomputed_tokens == 7  # b had computed 7 positions (3 of them hits)
+    assert preempted_at == 4.0 and b.timeline.scheduled_ts == [1.0, 8.0]
+    assert (s.stats.num_prefix_query_tokens, s.stats.num_prefix_hit_tokens) == (8, 2)  # ... but not counted
+    assert s.stats.num_recomputed_tokens == 2  # b had computed 6 positions, 4 of them cached
     assert a.finish_reason is FinishReason.LENGTH and b.finish_reason is FinishReason.LENGTH

@@ -142,10 +142,11 @@ class Admission(SchedulerBase):
         start = request.num_computed_tokens
         first_admission = start == 0 and request.num_preemptions == 0
         hits = 0
-        if first_admission:
+        if start == 0:  # new, or preempted by recompute: its prompt and output blocks may still be cached
             hits = self.memory.prefix_hit_tokens(request) if self.memory is not None else 0
             # external KV (a KV transfer) counts as computed, as a prefix hit does; one token is left to sample from
-            request.num_computed_tokens = max(hits, min(request.num_external_tokens, request.num_prompt_tokens - 1))
+            external = min(request.num_external_tokens, request.num_prompt_tokens - 1) if first_admission else 0
+            request.num_computed_tokens = max(hits, external)
         chunk = self._plan(request, step)
         swapped_in = None if chunk is None else self._admission_memory(request, chunk, step)
         if chunk is None or swapped_in is None:

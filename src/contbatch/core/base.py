@@ -76,8 +76,11 @@ class SchedulerBase(ABC):
         if request.recompute_until > chunk.start:
             self.stats.num_recomputed_tokens += min(end, request.recompute_until) - chunk.start
         request.num_computed_tokens = end
+        self._cache_blocks(request)
+
+    def _cache_blocks(self, request: Request) -> None:
         if self.memory is not None and self.memory.config.enable_prefix_caching:
-            self.memory.cache_prompt_blocks(request)
+            self.memory.cache_computed_blocks(request)
 
     def _apply_sample(
         self, request: Request, chunk: ScheduledChunk, result: StepResult, now: float, done: list[Request]
@@ -93,6 +96,8 @@ class SchedulerBase(ABC):
         room = request.max_output_tokens - request.num_output_tokens
         kept = tuple(token_ids) if len(token_ids) <= room else tuple(token_ids[:room])
         request.append_output(kept, now)
+        if not chunk.is_prefill:
+            self._cache_blocks(request)
         if self.waiting.charges_service:
             self.waiting.charge(request, len(kept))
         if result.finished and chunk.request_id in result.finished:

@@ -68,13 +68,16 @@ class KVConfig:
     num_blocks: int = 6144  # device blocks
     num_host_blocks: int = 0  # host blocks for swapping; when full, swap falls back to recompute
     watermark: float = 0.01  # optimistic/estimate admission keeps this fraction of blocks free
-    enable_prefix_caching: bool = False  # reuse full prompt blocks with equal hashes
+    enable_prefix_caching: bool = False  # share full blocks (prompt or output) with equal chained hashes
     # reserve: prompt + max output reserved at admission, never preempts (TensorRT-LLM, TGI);
     # optimistic: only the scheduled chunk must fit, running requests grow and may be preempted (vLLM);
     # estimate: admit against an estimate of future growth (SGLang's new-token ratio)
     admission: str = "optimistic"
     preemption: str = "recompute"  # recompute (drop the KV) or swap (park it in host blocks)
     victim: str = "newest"  # newest admitted, lowest priority (largest value), fewest generated tokens
+    # admission waits until blocks for the request's whole known sequence are free (vLLM V1's
+    # scheduler_reserve_full_isl), though it takes only the first chunk's
+    admit_whole_sequence: bool = False
     max_preemptions: int | None = None  # a request preempted this often is a victim only as a last resort
     estimate_init_ratio: float = 0.7  # estimate: expected fraction of the remaining output still to come
     estimate_min_ratio: float = 0.1  # ... the floor it decays to
@@ -88,6 +91,7 @@ class KVConfig:
         if self.max_preemptions is not None:
             _require_int("kv.max_preemptions", self.max_preemptions, minimum=1)
         _require_bool("kv.enable_prefix_caching", self.enable_prefix_caching)
+        _require_bool("kv.admit_whole_sequence", self.admit_whole_sequence)
         _require_choice("kv.admission", self.admission, ADMISSION_MODES)
         _require_choice("kv.preemption", self.preemption, PREEMPTION_MODES)
         _require_choice("kv.victim", self.victim, VICTIM_CHOICES)
@@ -268,6 +272,10 @@ def seed_config(token_budget: int = 8) -> SchedulerConfig:
 PRESETS: dict[str, SchedulerConfig] = {
     "seed": seed_config(),
     "engine": SchedulerConfig(kv=KVConfig()),
+    # vLLM V1 (0.33) as served on a large GPU: 8,192-token budget, 256 sequences, chunked prefill,
+    # 16-token blocks, prefix caching, no watermark, recompute the newest; step for step equal to
+    # vLLM's scheduler on its anchor driver (benchmarks/vllm_decisions.py)
+    "vllm": SchedulerConfig(kv=KVConfig(watermark=0.0, admit_whole_sequence=True, enable_prefix_caching=True)),
 }
 
 

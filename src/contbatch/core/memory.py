@@ -4,8 +4,10 @@ Wraps a `KVCacheManager` (block accounting) with the policy choices of `KVConfig
 
 - `reserve`: admission allocates blocks for prompt + output limit at once; a running request
   never needs another block, so nothing is ever preempted.
-- `optimistic`: admission needs only the first chunk's blocks, above a watermark; running
-  requests grow block by block and, when the pool is empty, someone is preempted.
+- `optimistic`: admission needs only the first chunk's blocks, above a watermark (or, with
+  `admit_whole_sequence`, free blocks for everything the request knows, though only the first
+  chunk's are taken: vLLM V1's gate); running requests grow block by block and, when the pool
+  is empty, someone is preempted.
 - `estimate`: like optimistic, but admission also keeps room for the expected growth of every
   running request and of the newcomer: ratio x (output limit - outputs so far). The ratio
   decays each step towards a floor and jumps up after a step that preempted (SGLang's
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from contbatch.core.block_hashes import extend_block_hashes
 from contbatch.core.config import KVConfig
 from contbatch.core.kv import KVCacheManager
 from contbatch.core.outputs import ScheduledChunk
@@ -73,12 +76,19 @@ class Memory:
         return self.kv.num_blocks_for(int(self.ratio * remaining + 0.5))
 
     def prefix_hit_tokens(self, request: Request) -> int:
-        """Leading prompt tokens found in the prefix cache, at most prompt - 1 (one token must be
-        computed to sample from); 0 without prefix caching."""
-        if not self.config.enable_prefix_caching or not request.block_hashes:
-            return 0
-        hits = self.kv.match_prefix(request.block_hashes) * self.kv.block_size
-        return min(hits, request.num_prompt_tokens - 1)
+        """Leading known tokens (prompt, then output after a recompute preemption) found in the
+        prefix cache, in whole blocks and fewer than the known tokens (one must be computed to
+        sample from), as vLLM; 0 without prefix caching."""
+        return self._hit_blocks(request)[0] * self.kv.block_size
+
+    def _hit_blocks(self, request: Request) -> tuple[int, int]:
+        """(leading blocks of `request` cached, of which on the free list)."""
+        if not self.config.enable_prefix_caching:
+            return 0, 0
+        block_size = self.kv.block_size
+        limit = (request.num_known_tokens - 1) // block_size
+        extend_block_hashes(request, block_size, limit)
+        return self.kv.match_prefix_free(request.block_hashes[:limit])
 
     def admit(self, request: Request, chunk: ScheduledChunk, *, alone: bool = False) -> tuple[int, ...] | None:
         """Allocate for a waiting request about to run `chunk`. Returns the device blocks a
@@ -92,7 +102,8 @@ class Memory:
         if self.shortfall(request, end, alone=alone):
             return None
         hold = self.first_hold(request, end)
-        if not kv.allocate(request.request_id, hold, block_hashes=request.block_hashes).granted:
+        hits = request.block_hashes[: request.num_computed_tokens // kv.block_size] if kv.enable_prefix_caching else ()
+        if not kv.allocate(request.request_id, hold, block_hashes=hits).granted:
             return None
         self._sync(request)
         if self.config.admission == "estimate":
@@ -113,10 +124,13 @@ class Memory:
         else:
             hold = self.first_hold(request, end)
             # thrash guard: a request preempted before comes back only when all it knew fits again
-            room = max(hold, request.num_known_tokens) if request.num_preemptions else hold
+            # (with `admit_whole_sequence`, every request: vLLM V1's full-sequence admission gate)
+            whole = request.num_preemptions or self.config.admit_whole_sequence
+            room = max(hold, request.num_known_tokens) if whole else hold
             need = -(-room // kv.block_size)
-            if request.block_hashes and kv.enable_prefix_caching:
-                need = max(need - kv.match_prefix(request.block_hashes), 0)
+            if kv.enable_prefix_caching:  # shared blocks need no new one (free ones still leave the free list)
+                num_hits, num_free_hits = self._hit_blocks(request)
+                need = max(need - num_hits + num_free_hits, 0)
             if self.config.admission == "estimate" and not alone:
                 need += self._expected_growth(request)
             margin = 0 if alone else self.watermark_blocks + self._future_blocks
@@ -172,8 +186,10 @@ class Memory:
         stats.num_recompute_preemptions += 1
         return None
 
-    def cache_prompt_blocks(self, request: Request) -> None:
-        """Register the request's now-full prompt blocks for prefix reuse."""
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Register the request's full computed blocks (prompt and output) for prefix reuse."""
+        num_full = request.num_computed_tokens // self.kv.block_size
+        extend_block_hashes(request, self.kv.block_size, num_full)
         self.kv.cache_blocks(request.request_id, request.block_hashes, request.num_computed_tokens)
 
     def roll_back(self, request: Request, num_tokens: int | None = None) -> None:

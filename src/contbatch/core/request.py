@@ -93,7 +93,7 @@ class Request:
         self.num_output_tokens = 0
         self.output_token_ids: list[int] = []
         self.num_preemptions = 0
-        self.block_hashes = block_hashes  # one hash per full prompt block, for prefix caching
+        self.block_hashes = block_hashes  # one per full block, prompt then output (contbatch.core.block_hashes)
         self.prompt_token_ids = prompt_token_ids  # empty when only lengths are known (the simulator)
         self.params = params  # the executor's per-request parameters (sampling); the scheduler never reads them
         self.recompute_until = 0  # positions below this were computed before a recompute preemption

@@ -196,9 +196,10 @@ class ContinuousScheduler(Admission):
             return True
         end = chunk.start + chunk.num_new_tokens
         quota = self.config.tenants.max_kv_blocks
-        while quota is not None and self._tenant_blocks(request.tenant) + memory.kv.blocks_needed(
-            request.request_id, end
-        ) > quota:
+        while (
+            quota is not None
+            and self._tenant_blocks(request.tenant) + memory.kv.blocks_needed(request.request_id, end) > quota
+        ):
             if self._yield_to(request, [r for r in self.running if r.tenant == request.tenant], step, now):
                 return False
         while not memory.grow(request, end):

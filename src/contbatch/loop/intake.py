@@ -5,9 +5,9 @@ given as token ids; `Intake.request` validates the rest and builds the `Request`
 limit (`max_tokens`, or whatever `max_model_len` leaves), its sampling parameters (carried to
 the executor opaquely), and, with prefix caching, its prompt block hashes.
 
-Prompt block hashes: one per full prompt block. `prompt_block_hashes` chains them over the
-token ids (block i's hash covers every token before its end: equal prefixes, equal hashes);
-`group_block_hashes` is the simulator's version for traces that know lengths, not tokens
+Prompt block hashes: one per full prompt block. `contbatch.core.block_hashes.prompt_block_hashes`
+chains them over the token ids (block i's hash covers every token before its end: equal
+prefixes, equal hashes); `group_block_hashes` is the simulator's version for traces that know lengths, not tokens
 (requests of one prefix group share the hashes of the blocks wholly inside the shared prefix).
 
 Invariants: a built request has at least one prompt token, every id in [0, vocab_size), and an
@@ -19,22 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from contbatch.core.block_hashes import prompt_block_hashes
 from contbatch.core.request import Request
 from contbatch.loop.params import SamplingParams
 
 
 class IntakeError(ValueError):
     """A prompt or its parameters cannot become a request; the message says why."""
-
-
-def prompt_block_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
-    """Chained hashes of the full blocks of `token_ids`."""
-    hashes: list[int] = []
-    running = 0
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        running = hash((running, tuple(token_ids[start : start + block_size])))
-        hashes.append(running)
-    return tuple(hashes)
 
 
 def group_block_hashes(

@@ -103,7 +103,7 @@ def test_trim_releases_tail_blocks() -> None:
     assert kv.trim("a", 8) == 0
     assert kv.trim("a", 3) == 2
     assert kv.block_table("a") == (0, 1)
-    assert kv.pool.free_block_ids()[-2:] == (3, 2)  # released last-block-first
+    assert kv.pool.free_block_ids()[:2] == (3, 2)  # released last-block-first, to the head (no hash)
     assert kv.trim("a", 0) == 2
     assert kv.block_table("a") == () and "a" in kv
     with pytest.raises(ValueError, match="num_tokens must be >= 0"):
@@ -117,7 +117,7 @@ def test_free_releases_everything_last_block_first() -> None:
     kv.allocate("b", 2)  # 3
     assert kv.free("a") == 3
     assert "a" not in kv and kv.block_table("a") == ()
-    assert kv.pool.free_block_ids() == (4, 5, 2, 1, 0)
+    assert kv.pool.free_block_ids() == (2, 1, 0, 4, 5)
     assert kv.free("a") == 0
     assert kv.free("b") == 1
     assert kv.num_free_blocks == 6

@@ -24,14 +24,14 @@ def test_invalid_sizes_raise() -> None:
     assert BlockPool(0, 4).num_free_blocks == 0  # an empty host pool is allowed
 
 
-def test_take_from_head_release_to_tail() -> None:
+def test_take_from_head_release_without_hash_to_head() -> None:
     pool = BlockPool(4, 1)
     assert pool.take(2) == [0, 1]
     assert pool.free_block_ids() == (2, 3)
-    pool.release([1, 0])
-    assert pool.free_block_ids() == (2, 3, 1, 0)
-    assert pool.take(3) == [2, 3, 1]
-    check_pool(pool, {"a": [2, 3, 1]}, "device")
+    pool.release([1, 0])  # no hash: to the head, reused first, the first released at the very head
+    assert pool.free_block_ids() == (1, 0, 2, 3)
+    assert pool.take(3) == [1, 0, 2]
+    check_pool(pool, {"a": [1, 0, 2]}, "device")
 
 
 def test_take_more_than_free_raises_and_changes_nothing() -> None:
@@ -49,9 +49,11 @@ def test_share_counts_holders_and_leaves_free_list() -> None:
     pool.release([block])
     assert pool.ref_count(block) == 1 and block not in pool.free_block_ids()
     pool.release([block])
-    assert pool.free_block_ids() == (1, 2, 0)
+    assert pool.free_block_ids() == (0, 1, 2)
     pool.share(1)  # a free block taken out of the middle
-    assert pool.free_block_ids() == (2, 0) and pool.ref_count(1) == 1
+    assert pool.free_block_ids() == (0, 2) and pool.ref_count(1) == 1
+    pool.share(0)  # and one from the head
+    assert pool.free_block_ids() == (2,) and pool.ref_count(0) == 1
 
 
 def test_release_of_a_free_block_raises() -> None:
@@ -69,9 +71,11 @@ def test_cache_keeps_first_block_and_eviction_drops_hash() -> None:
     assert not pool.cache(a, 12)  # a block records one hash
     assert pool.block_hash(a) == 11 and pool.block_hash(b) is None
     assert dict(pool.cached_block_ids()) == {11: a}
-    pool.release([a, b])
+    pool.release([a, b])  # a (cached) to the tail, b (no hash) to the head
+    assert pool.free_block_ids() == (b, 2, a)
     assert pool.match([11, 12], 5) == [a]  # free but still cached
-    assert pool.take(2) == [2, a]  # a evicted at the head's turn
+    assert pool.take(2) == [b, 2] and pool.match([11], 5) == [a]
+    assert pool.take(1) == [a]  # a evicted at the head's turn
     assert pool.block_hash(a) is None and pool.match([11], 5) == []
     assert pool.num_cached_blocks == 0
 

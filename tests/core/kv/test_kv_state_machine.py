@@ -73,10 +73,16 @@ class KVMachine(RuleBasedStateMachine):
         for block_id, block_hash in zip(table[:num_full], HASHES[request_id], strict=False):
             self.contents[block_id] = block_hash
 
-    def released_to_tail(self, released_ids: tuple[int, ...], ref_counts: list[int]) -> None:
-        """Blocks losing their last holder went to the free-list tail, last block of the table first."""
+    def released_in_vllm_order(self, released_ids: tuple[int, ...], ref_counts: list[int]) -> None:
+        """Blocks losing their last holder went back, last block of the table first: those recording
+        a hash to the free-list tail, the others to its head (vLLM's order)."""
+        pool = self.kv.pool
         freed_ids = tuple(b for b, n in zip(released_ids, ref_counts, strict=True) if n == 1)[::-1]
-        assert self.kv.pool.free_block_ids()[len(self.kv.pool.free_block_ids()) - len(freed_ids) :] == freed_ids
+        cached = tuple(b for b in freed_ids if pool.block_hash(b) is not None)
+        uncached = tuple(b for b in freed_ids if pool.block_hash(b) is None)
+        free_ids = pool.free_block_ids()
+        assert free_ids[: len(uncached)] == uncached
+        assert free_ids[len(free_ids) - len(cached) :] == cached
 
     @invariant()
     def invariants_hold(self) -> None:
@@ -178,7 +184,7 @@ class KVMachine(RuleBasedStateMachine):
         num_keep = kv.num_blocks_for(num_tokens)
         ref_counts = [kv.pool.ref_count(b) for b in held_ids[num_keep:]]
         assert kv.trim(request_id, num_tokens) == max(0, len(held_ids) - num_keep)
-        self.released_to_tail(held_ids[num_keep:], ref_counts)
+        self.released_in_vllm_order(held_ids[num_keep:], ref_counts)
         if request_id in self.num_tokens:
             self.num_tokens[request_id] = min(self.num_tokens[request_id], num_tokens)
         assert kv.block_table(request_id) == held_ids[:num_keep]
@@ -191,7 +197,7 @@ class KVMachine(RuleBasedStateMachine):
         held_ids = kv.block_table(request_id)
         ref_counts = [kv.pool.ref_count(b) for b in held_ids]
         assert kv.free(request_id) == num_held
-        self.released_to_tail(held_ids, ref_counts)
+        self.released_in_vllm_order(held_ids, ref_counts)
         assert request_id not in kv and kv.num_free_host_blocks == num_free + num_host_held
         self.num_tokens.pop(request_id, None)
 
@@ -218,7 +224,7 @@ class KVMachine(RuleBasedStateMachine):
         assert out.swapped and out.device_block_ids == held_ids and out.num_host_blocks == len(held_ids)
         assert kv.is_swapped(request_id) and kv.num_held_host_blocks(request_id) == len(held_ids)
         assert kv.num_held_blocks(request_id) == 0
-        self.released_to_tail(held_ids, ref_counts)
+        self.released_in_vllm_order(held_ids, ref_counts)
         self.num_tokens[request_id] = min(self.num_tokens.get(request_id, 0), len(held_ids) * kv.block_size)
 
     @rule(request_id=request_ids, index=st.integers(-1, 4))

@@ -17,10 +17,10 @@ def test_swap_out_and_in_round_trip() -> None:
     assert kv.num_held_host_blocks("a") == 3 and kv.host_block_table("a") == (0, 1, 2)
     assert kv.num_free_blocks == 6 and kv.num_free_host_blocks == 1
     kv.check_invariants()
-    kv.allocate("b", 2)  # takes block 3 (head of the free list)
+    kv.allocate("b", 2)  # takes block 2 (head of the free list: a's last block, released first)
     grant = kv.swap_in("a")
-    assert grant == Grant(granted=True, new_block_ids=(4, 5, 2), num_missing_blocks=0)
-    assert not kv.is_swapped("a") and kv.block_table("a") == (4, 5, 2)
+    assert grant == Grant(granted=True, new_block_ids=(1, 0, 3), num_missing_blocks=0)
+    assert not kv.is_swapped("a") and kv.block_table("a") == (1, 0, 3)
     assert kv.num_free_host_blocks == 4 and kv.host_block_table("a") == ()
     kv.check_invariants()
 

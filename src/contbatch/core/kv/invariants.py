@@ -27,7 +27,8 @@ def check_pool(pool: BlockPool, tables: Mapping[str, Sequence[int]], name: str) 
     - no block twice in one table, and every id is a block of the pool;
     - every block's ref count equals the number of tables holding it;
     - the free list is exactly the ref-0 blocks, each once; free + used == total;
-    - every cached hash maps to a block recording that hash, and vice versa.
+    - every cached hash maps to a block recording that hash, and vice versa;
+    - the free list's storage is consistent (`BlockPool.layout_errors`).
     """
     num_holders = _count_holders(pool, tables, name)
     for block_id in range(pool.num_blocks):
@@ -36,6 +37,8 @@ def check_pool(pool: BlockPool, tables: Mapping[str, Sequence[int]], name: str) 
         require(ref_count == held, f"{name} block {block_id}: ref count {ref_count} but {held} tables hold it")
     _check_free_list(pool, name)
     _check_hashes(pool, name)
+    errors = pool.layout_errors()
+    require(not errors, f"{name} free list storage: {'; '.join(errors)}")
 
 
 def _count_holders(pool: BlockPool, tables: Mapping[str, Sequence[int]], name: str) -> Counter[int]:

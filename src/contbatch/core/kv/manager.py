@@ -22,6 +22,9 @@ gets a fresh table (first allocation, swap-in) is journalled from 0.
 
 Blocks of one request are released last-block-first, so its tail (the least shareable part of
 a prefix) sits nearer the free-list head and is evicted before its leading blocks.
+
+Cost: every call is O(blocks it hands out, shares, caches or releases), each in one bulk pool
+call (`take`, `share_all`, `cache_all`, `release`: list slices and tight loops, see `BlockPool`).
 """
 
 from __future__ import annotations
@@ -154,6 +157,14 @@ class KVCacheManager:
             return 0
         return len(self._pool.match(block_hashes, len(block_hashes)))
 
+    def match_prefix_free(self, block_hashes: Sequence[int]) -> tuple[int, int]:
+        """(how many leading `block_hashes` are cached, how many of those blocks are on the free
+        list): sharing a free one still takes it off the free list. Read-only."""
+        if not self.enable_prefix_caching:
+            return 0, 0
+        hit_ids = self._pool.match(block_hashes, len(block_hashes))
+        return len(hit_ids), sum(1 for b in hit_ids if self._pool.ref_count(b) == 0)
+
     def is_swapped(self, request_id: str) -> bool:
         return request_id in self._host_tables
 
@@ -194,12 +205,14 @@ class KVCacheManager:
         hit_ids = pool.match(block_hashes, num_needed) if self.enable_prefix_caching and block_hashes else []
         num_fresh = num_needed - len(hit_ids)
         # A hit that is free still leaves the free list, so it counts against the free blocks.
-        num_required = num_fresh + sum(1 for b in hit_ids if pool.ref_count(b) == 0)
+        num_required = (num_fresh + pool.count_free(hit_ids)) if hit_ids else num_fresh
         if num_required > pool.num_free_blocks:
             return Grant(granted=False, new_block_ids=(), num_missing_blocks=num_required - pool.num_free_blocks)
-        for block_id in hit_ids:
-            pool.share(block_id)
-        table = hit_ids + pool.take(num_fresh)
+        if hit_ids:
+            pool.share_all(hit_ids)
+            table = hit_ids + pool.take(num_fresh)
+        else:
+            table = pool.take(num_fresh)
         self._tables[request_id] = table
         self._changed[request_id] = 0
         if hit_ids:
@@ -224,9 +237,7 @@ class KVCacheManager:
         start = self._num_hashed.get(request_id, 0)
         if num_full <= start:
             return
-        cache = self._pool.cache
-        for i in range(start, num_full):
-            cache(table[i], block_hashes[i])
+        self._pool.cache_all(table[start:num_full], block_hashes[start:num_full])
         self._num_hashed[request_id] = num_full
 
     # -- release -----------------------------------------------------------------------------
@@ -243,7 +254,8 @@ class KVCacheManager:
         released_ids = table[num_keep:]
         self._changed[request_id] = min(self._changed.get(request_id, len(table)), num_keep)
         del table[num_keep:]
-        self._pool.release(reversed(released_ids))
+        released_ids.reverse()
+        self._pool.release(released_ids)
         if self._num_hashed.get(request_id, 0) > num_keep:
             self._num_hashed[request_id] = num_keep
         return len(released_ids)
@@ -262,7 +274,8 @@ class KVCacheManager:
         table = self._tables.pop(request_id, None)
         if table is None:
             return 0
-        self._pool.release(reversed(table))
+        table.reverse()  # the table is forgotten: reversed in place for the release order
+        self._pool.release(table)
         return len(table)
 
     # -- swapping ----------------------------------------------------------------------------
@@ -282,7 +295,7 @@ class KVCacheManager:
         del self._tables[request_id]
         self._num_hashed.pop(request_id, None)
         self._changed.pop(request_id, None)
-        self._pool.release(reversed(table))
+        self._pool.release(table[::-1])
         return SwapOut(swapped=True, device_block_ids=tuple(table), num_host_blocks=len(table))
 
     def swap_in(self, request_id: str) -> Grant:
