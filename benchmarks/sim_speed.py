@@ -20,7 +20,9 @@ simulation, summary: what BLIS's figure is) and peak RSS. With --baseline REF ea
 runs on the simulator as it was at git commit REF (exported to a temporary folder and imported
 from there; workloads it cannot run are left out), interleaved; with BLIS installed
 (`../shared/anchors/blis/build.sh`; --blis PATH, default ~/.cache/contbatch-anchors/blis/blis)
-(a) and (a-100k) also run in BLIS with `--cache-signal-delay 0`. Ratios are medians over paired
+(a) and (a-100k) also run in BLIS with `--cache-signal-delay 0`. `baseline_speedup` is the
+baseline's whole-process CPU time over ours, `baseline_sim_speedup` and `baseline_summary_speedup`
+the same for `sim_s` and `summary_s` alone (BLIS: `blis_speedup`). Ratios are medians over paired
 repetitions (absolute rates differ about 2x between machines of one kind; ratios in one run do
 not). Prints one table; writes JSON (--json-out).
 
@@ -236,19 +238,24 @@ def _row(r: dict[str, list[dict[str, float]]]) -> dict[str, float | None]:
         # paired ratios of whole-process CPU time (the baseline's over ours: > 1 means we are faster)
         row[f"{other}_speedup"] = statistics.median(t["cpu_s"] / o["cpu_s"] for o, t in pairs) if pairs else None
     base = r["baseline"][: len(ours)]
-    row["baseline_sim_speedup"] = (
-        statistics.median(t["sim_s"] / o["sim_s"] for o, t in zip(ours, base, strict=False)) if base else None
-    )
+    pairs = list(zip(ours, base, strict=False))
+    for part in ("sim", "summary"):  # the simulation alone, the summary alone
+        key = f"{part}_s"
+        row[f"baseline_{part}_speedup"] = statistics.median(t[key] / o[key] for o, t in pairs) if pairs else None
     return row
 
 
 def _print(table: dict[str, dict[str, float | None]], baseline: str | None) -> None:
     cols = ["requests", "steps", "sim_s", "summary_s", "cpu_s", "peak_rss_mb", "baseline_cpu_s",
-            "baseline_sim_speedup", "baseline_speedup", "blis_cpu_s", "blis_speedup"]  # fmt: skip
+            "baseline_sim_speedup", "baseline_summary_speedup", "baseline_speedup", "blis_cpu_s",
+            "blis_speedup"]  # fmt: skip
     rows = [["workload", *cols]] + [[n, *(_fmt(t.get(c)) for c in cols)] for n, t in table.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols) + 1)]
     print("\n".join("  ".join(c.rjust(wd) for c, wd in zip(r, widths, strict=True)) for r in rows))
-    print(f"baseline: {baseline or '-'}; *_speedup = their CPU (or sim) time / ours, medians of paired runs")
+    print(
+        f"baseline: {baseline or '-'}; *_speedup = their whole-process CPU time (sim_, summary_: their"
+        " simulation, their summary wall time) / ours, medians of paired runs"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,10 +17,11 @@ from contbatch.core import ContinuousScheduler, SchedulerConfig, check_invariant
 from contbatch.core.config import KVConfig, LifecycleConfig, TenantConfig
 from contbatch.loop import StepObserver, StepRecord
 from contbatch.sim import AffineCost, SimResult, UnitCost, parse_cost, simulate
+from contbatch.sim.cost import CostModel
 from contbatch.traces import Trace, TraceRequest
 from contbatch.traces.synthetic import fixed, generate, poisson, uniform
 
-COSTS = {
+COSTS: dict[str, CostModel] = {
     "unit": UnitCost(8),
     "affine": AffineCost(),
     "roofline": parse_cost("roofline:llama-2-7b@a100"),
@@ -216,3 +218,79 @@ def test_decode_runs_cover_the_seed_semantics() -> None:
     assert skipped_log.rows == stepped_log.rows and skipped.busy_time == stepped.busy_time
     assert len(calls) < skipped.num_steps / 20
 
+
+@st.composite
+def long_traces(draw: st.DrawFn) -> Trace:
+    """Few requests with long outputs: decode segments of hundreds of steps, cut by arrivals and,
+    with clients, by cancellations."""
+    clients = draw(st.booleans())
+    requests = []
+    for i in range(draw(st.integers(1, 6))):
+        output = draw(st.integers(1, 600))
+        arrival = float(draw(st.integers(0, 400))) * draw(st.sampled_from([0.01, 1.0]))
+        cancel_after = draw(st.sampled_from([None, None, 0.5, 3.0, 40.0])) if clients else None
+        requests.append(
+            TraceRequest(
+                f"r{i}",
+                arrival,
+                draw(st.integers(1, 40)),
+                output,
+                max_output_tokens=output + draw(st.sampled_from([0, 7])),
+                cancel_ts=None if cancel_after is None else arrival + cancel_after,
+            )
+        )
+    return Trace("long", tuple(sorted(requests, key=lambda r: r.arrival_ts)), "s", "hypothesis")
+
+
+@settings(max_examples=settings().max_examples, deadline=None, derandomize=True)
+@given(trace=long_traces(), config=configs(), cost_name=st.sampled_from(sorted(COSTS)))
+def test_unobserved_long_segments_equal_stepping(trace: Trace, config: SchedulerConfig, cost_name: str) -> None:
+    """Without observers, long decode segments are timed with vectorised arithmetic
+    (`skip_ahead._RunDriver._timed_at_once`; every step at once under the unit cost's
+    `FixedPrice`): the same results as stepping, and the same totals to the last bit."""
+    trace = _fits(trace, config)
+    if not trace.requests:
+        return
+    cost = COSTS[cost_name]
+    if cost_name == "moe":
+        cost.reset_stats()  # type: ignore[attr-defined]
+    stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
+    skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=lambda s, o, n: check_invariants(s))
+    assert _fingerprint(skipped) == _fingerprint(stepped)
+    assert skipped.busy_time == stepped.busy_time
+    assert (skipped.kv_usage_mean, skipped.kv_usage_max) == (stepped.kv_usage_mean, stepped.kv_usage_max)
+
+
+def test_long_segments_are_timed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vectorised path is taken (generic pricers and `FixedPrice`), and under the seed preset
+    with the unit cost one long request takes a handful of runs: equal to stepping, to the bit."""
+    from contbatch.sim import skip_ahead
+
+    taken: list[int] = []
+    at_once = skip_ahead._RunDriver._timed_at_once
+
+    def spy(self: skip_ahead._RunDriver, segment: object, price: object, first_id: int) -> object:
+        result = at_once(self, segment, price, first_id)  # type: ignore[arg-type]
+        taken.append(len(result[0]))
+        return result
+
+    monkeypatch.setattr(skip_ahead._RunDriver, "_timed_at_once", spy)
+    rows = [TraceRequest("long", 0.0, 4, 20_000)] + [TraceRequest(f"r{i}", 700.0 * i, 3, 300) for i in range(1, 9)]
+    seed_trace = Trace("seed-long", tuple(rows), "tick", "test")
+    kv_trace = generate("kv", 40, poisson(2.0), uniform(20, 200), uniform(100, 600), seed=7)
+    cases = [
+        (seed_trace, seed_config(), COSTS["unit"]),
+        (kv_trace, SchedulerConfig(max_num_batched_tokens=512, kv=KVConfig(num_blocks=600)), COSTS["roofline"]),
+        (kv_trace, SchedulerConfig(max_num_batched_tokens=512, kv=KVConfig(num_blocks=600)), COSTS["affine"]),
+    ]
+    calls: list[float] = []
+    for trace, config, cost in cases:
+        taken.clear()
+        calls.clear()
+        stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
+        skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=lambda s, o, n: calls.append(n))
+        assert _fingerprint(skipped) == _fingerprint(stepped)
+        assert skipped.busy_time == stepped.busy_time
+        assert (skipped.kv_usage_mean, skipped.kv_usage_max) == (stepped.kv_usage_mean, stepped.kv_usage_max)
+        assert sum(taken) > skipped.num_steps / 5, "long segments were meant to be timed at once"
+        assert len(calls) < skipped.num_steps / 50

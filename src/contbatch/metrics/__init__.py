@@ -2,7 +2,8 @@
 
 Owns every metric definition (queue time, TTFT, TPOT, ITL, E2E in `request`; makespan,
 throughput, goodput and waste in `summary`; the same split by tenant or priority, and tokens of
-service per group, in `groups`), their presentation (`compare`) and per-request export
+service per group, in `groups`; the per-request fields as numpy columns for the vectorised
+summary in `columns`), their presentation (`compare`) and per-request export
 (`export`). It reads `contbatch.core` types and uses numpy; it never imports the simulator, the
 engine or the server, and never reads a clock: timestamps come in the unit the run states ("s"
 or "tick").

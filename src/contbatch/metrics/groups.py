@@ -33,6 +33,7 @@ from typing import Final
 
 from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
+from contbatch.metrics.columns import columns_of_rows
 from contbatch.metrics.request import RequestMetrics, request_metrics
 from contbatch.metrics.stats import check_time_unit, latency_keys, latency_suffix
 from contbatch.metrics.summary import SLO, _goodput_keys, _metrics_of, _per_unit, run_makespan
@@ -104,7 +105,7 @@ def _group_summary(rows: list[RequestMetrics], makespan: float, time_unit: str, 
         stats = latency_keys(stem, samples[stem], time_unit)
         summary.update({key: stats[key] for key in (f"{prefix}_{stem}_{suffix}" for prefix in prefixes)})
     if slo is not None:
-        goodput = _goodput_keys(rows, makespan, slo)
+        goodput = _goodput_keys(columns_of_rows(rows), makespan, slo)
         summary.update({k: goodput[k] for k in _GOODPUT_KEYS})
     return summary
 
@@ -120,7 +121,7 @@ def summarize_by(
     _check_key(key)
     check_time_unit(time_unit)
     rows = _metrics_of(timelines)
-    makespan = run_makespan(rows)
+    makespan = run_makespan(columns_of_rows(rows))
     return {value: _group_summary(group, makespan, time_unit, slo) for value, group in _split(rows, key).items()}
 
 

@@ -27,6 +27,11 @@ This module owns the run-level definitions; each is written beside its computati
 - padding waste = token-work computed for no request, and unsent waste = tokens generated but
   never delivered; both are counted by the executor and passed in as is.
 
+The computation is vectorised: the per-request fields the summary reads are numpy columns
+(`contbatch.metrics.columns`, equal to `request_metrics` field by field), every statistic is
+taken with numpy (`stats.describe`, exact sums equal to `math.fsum`), and the numbers equal those
+of the per-request definitions applied one request at a time.
+
 Invariants of the returned dict: plain ``int``/``float``/``str``/``None``/``dict`` values only
 (``json.dumps(..., allow_nan=False)`` succeeds); a statistic of an empty sample, and a rate over
 a zero makespan, is None, never NaN or infinity; ``finish_reasons`` always holds all six reasons.
@@ -36,17 +41,23 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy as np
 
 from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
+from contbatch.metrics.columns import (
+    Mask,
+    PooledItls,
+    RequestColumns,
+    columns_of_rows,
+    pooled_itls,
+    timeline_columns,
+)
 from contbatch.metrics.request import RequestMetrics, request_metrics
-from contbatch.metrics.stats import Sample, check_time_unit, latency_keys
+from contbatch.metrics.stats import Sample, check_time_unit, latency_keys, small_pages
 
-PooledItls = tuple[Sample, Sample]  # every inter-token gap: per emission, per token
+__all__ = ["LATENCY_NAMES", "SLO", "PooledItls", "pooled_itls", "run_makespan", "summarize", "summarize_rows"]
 
 LATENCY_NAMES: tuple[str, ...] = ("queue", "requeue", "ttft", "tpot", "itl", "itl_per_token", "e2el")
 """Latency key stems, in summary order: ``mean_<stem>_ms`` etc."""
@@ -80,6 +91,17 @@ class SLO:
             return False
         return self.e2e is None or m.e2e <= self.e2e
 
+    def met_by(self, cols: RequestColumns) -> Mask:
+        """`is_met_by` of every request of `cols`, at once."""
+        met = cols.succeeded
+        if self.ttft is not None:
+            met &= cols.has_ttft & ~(cols.ttft > self.ttft)
+        if self.tpot is not None:
+            met &= ~(cols.has_tpot & (cols.tpot > self.tpot))
+        if self.e2e is not None:
+            met &= cols.e2e <= self.e2e
+        return met
+
     def as_dict(self) -> dict[str, float | None]:
         return {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}
 
@@ -88,29 +110,8 @@ def _metrics_of(timelines: Iterable[Timeline], *, with_itls: bool = True) -> lis
     rows = [request_metrics(tl, with_itls=with_itls) for tl in timelines]
     if not rows:
         raise ValueError("cannot summarize an empty list of timelines")
-    seen: set[str] = set()
-    for m in rows:
-        if m.request_id in seen:
-            raise ValueError(f"request id {m.request_id!r} appears in more than one timeline")
-        seen.add(m.request_id)
+    _check_unique([m.request_id for m in rows])
     return rows
-
-
-def pooled_itls(timelines: Sequence[Timeline]) -> PooledItls:
-    """The inter-token gaps of `timelines`, per emission and per token (`request.itls` of each,
-    concatenated), computed at once over all their token timestamps."""
-    lengths = np.fromiter((len(tl.token_ts) for tl in timelines), dtype=np.int64, count=len(timelines))
-    total = int(lengths.sum())
-    stamps = np.fromiter(itertools.chain.from_iterable(tl.token_ts for tl in timelines), dtype=np.float64, count=total)
-    keep = np.ones(max(total - 1, 0), dtype=bool)  # a gap inside one request, not across two
-    ends = np.cumsum(lengths)[:-1]
-    keep[ends[(ends > 0) & (ends < total)] - 1] = False
-    per_emission = np.diff(stamps)[keep]
-    if all(tl.token_counts.count(1) == len(tl.token_counts) for tl in timelines):
-        return per_emission, per_emission
-    counts = np.fromiter(itertools.chain.from_iterable(tl.token_counts for tl in timelines), np.int64, count=total)
-    later = counts[1:][keep]
-    return per_emission, np.repeat(per_emission / later, later)
 
 
 def _per_unit(amount: float, makespan: float) -> float | None:
@@ -122,69 +123,67 @@ def _per_unit(amount: float, makespan: float) -> float | None:
     return rate if math.isfinite(rate) else None
 
 
-def _count_keys(rows: list[RequestMetrics]) -> dict[str, object]:
-    reasons = {reason.value: 0 for reason in FinishReason}
-    for m in rows:
-        reasons[m.finish_reason.value] += 1
+def _count_keys(cols: RequestColumns) -> dict[str, object]:
+    reasons = cols.reason_counts()
     return {
-        "num_requests": len(rows),
-        "completed": sum(1 for m in rows if m.succeeded),
-        "finish_reasons": reasons,
-        "num_rejected": reasons[FinishReason.REJECTED.value],
-        "num_not_run": sum(1 for m in rows if not m.ran),
-        "num_preemptions": sum(m.num_preemptions for m in rows),
-        "num_preempted_requests": sum(1 for m in rows if m.num_preemptions > 0),
-        **_deadline_keys(rows),
+        "num_requests": len(cols),
+        "completed": int(cols.succeeded.sum()),
+        "finish_reasons": {reason.value: count for reason, count in reasons.items()},
+        "num_rejected": reasons[FinishReason.REJECTED],
+        "num_not_run": int((~cols.ran).sum()),
+        "num_preemptions": int(cols.num_preemptions.sum()),
+        "num_preempted_requests": int((cols.num_preemptions > 0).sum()),
+        **_deadline_keys(cols),
     }
 
 
-def _deadline_keys(rows: list[RequestMetrics]) -> dict[str, object]:
+def _deadline_keys(cols: RequestColumns) -> dict[str, object]:
     """Deadline attainment = requests finished successfully by their deadline / requests with one."""
-    verdicts = [m.met_deadline for m in rows if m.met_deadline is not None]
-    if not verdicts:
+    num = int(cols.has_deadline.sum())
+    if not num:
         return {}
-    return {
-        "num_deadline_requests": len(verdicts),
-        "num_deadline_misses": verdicts.count(False),
-        "deadline_attainment": verdicts.count(True) / len(verdicts),
-    }
+    met = int((cols.has_deadline & cols.succeeded & (cols.completion_ts <= cols.deadline_ts)).sum())
+    return {"num_deadline_requests": num, "num_deadline_misses": num - met, "deadline_attainment": met / num}
 
 
-def run_makespan(rows: list[RequestMetrics]) -> float:
+def run_makespan(cols: RequestColumns) -> float:
     """makespan = last FINISHED − first ARRIVED, over every request of the run."""
-    return float(max(m.completion_ts for m in rows) - min(m.arrival_ts for m in rows))
+    return float(cols.completion_ts.max() - cols.arrival_ts.min())
 
 
-def _throughput_keys(rows: list[RequestMetrics], makespan: float) -> dict[str, object]:
-    total_input = sum(m.num_prompt_tokens for m in rows if m.ran)  # a prompt is processed when it runs
-    total_output = sum(m.num_output_tokens for m in rows)
+def _throughput_keys(cols: RequestColumns, makespan: float) -> dict[str, object]:
+    total_input = int(cols.num_prompt_tokens[cols.ran].sum())  # a prompt is processed when it runs
+    total_output = int(cols.num_output_tokens.sum())
     return {
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
-        "request_throughput": _per_unit(sum(1 for m in rows if m.succeeded), makespan),
+        "request_throughput": _per_unit(int(cols.succeeded.sum()), makespan),
         "output_throughput": _per_unit(total_output, makespan),
         "total_token_throughput": _per_unit(total_input + total_output, makespan),
     }
 
 
-def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls | None = None) -> dict[str, object]:
+def _rows_itls(rows: list[RequestMetrics]) -> PooledItls:
+    """The rows' own inter-token gaps, pooled, of the rows that ran."""
+    rows = [m for m in rows if m.ran]
+    per_emission = list(itertools.chain.from_iterable(m.itl_per_emission for m in rows))
+    if all(m.itl_per_token is m.itl_per_emission for m in rows):  # one token per emission
+        return per_emission, per_emission
+    return per_emission, list(itertools.chain.from_iterable(m.itl_per_token for m in rows))
+
+
+def _latency_keys(cols: RequestColumns, time_unit: str, itls: PooledItls) -> dict[str, object]:
     """Every latency statistic, over the requests that ran (`RequestMetrics.ran`) only; pooled
     `itls` must hold the gaps of exactly those requests (as `StreamingSummary` keeps them)."""
-    rows = [m for m in rows if m.ran]
-    if itls is None:
-        per_emission = list(itertools.chain.from_iterable(m.itl_per_emission for m in rows))
-        if all(m.itl_per_token is m.itl_per_emission for m in rows):  # one token per emission
-            itls = (per_emission, per_emission)
-        else:
-            itls = (per_emission, list(itertools.chain.from_iterable(m.itl_per_token for m in rows)))
+    ran = cols.ran
     samples: dict[str, Sample] = {
-        "queue": [m.queue_time for m in rows if m.queue_time is not None],
-        "requeue": [m.requeue_time for m in rows if m.num_preemptions > 0],
-        "ttft": [m.ttft for m in rows if m.ttft is not None],
-        "tpot": [m.tpot for m in rows if m.tpot is not None],
+        "queue": cols.queue_time[ran & cols.has_queue_time],
+        "requeue": cols.requeue_time[ran & (cols.num_preemptions > 0)],
+        "ttft": cols.ttft[ran & cols.has_ttft],
+        "tpot": cols.tpot[ran & cols.has_tpot],
         "itl": itls[0],
         "itl_per_token": itls[1],
-        "e2el": [m.e2e for m in rows],
+        "e2el": cols.e2e[ran],
     }
     keys: dict[str, object] = {}
     described: dict[int, dict[str, float | None]] = {}  # per emission and per token may be one sample
@@ -193,16 +192,17 @@ def _latency_keys(rows: list[RequestMetrics], time_unit: str, itls: PooledItls |
     return keys
 
 
-def _goodput_keys(rows: list[RequestMetrics], makespan: float, slo: SLO) -> dict[str, object]:
-    good = [m for m in rows if slo.is_met_by(m)]
-    goodput = _per_unit(len(good), makespan)
+def _goodput_keys(cols: RequestColumns, makespan: float, slo: SLO) -> dict[str, object]:
+    good = slo.met_by(cols)
+    num_good = int(good.sum())
+    goodput = _per_unit(num_good, makespan)
     return {
         "slo": slo.as_dict(),
-        "num_good_requests": len(good),
+        "num_good_requests": num_good,
         "goodput": goodput,
         "request_goodput": goodput,
-        "goodput_tokens": _per_unit(sum(m.num_output_tokens for m in good), makespan),
-        "slo_attainment": len(good) / len(rows),
+        "goodput_tokens": _per_unit(int(cols.num_output_tokens[good].sum()), makespan),
+        "slo_attainment": num_good / len(cols),
     }
 
 
@@ -220,11 +220,25 @@ def summarize(
     request id, an unknown time unit or a negative waste count. SLO keys appear only with `slo`.
     """
     timelines = list(timelines)
-    rows = _metrics_of(timelines, with_itls=False)  # the gaps are pooled at once, below
-    itls = pooled_itls([tl for tl, m in zip(timelines, rows, strict=True) if m.ran])
-    return summarize_rows(
-        rows, time_unit=time_unit, padding_tokens=padding_tokens, unsent_tokens=unsent_tokens, slo=slo, itls=itls
-    )
+    with small_pages():
+        cols, itls = timeline_columns(timelines)  # validates as `request_metrics` does
+        if not timelines:
+            raise ValueError("cannot summarize an empty list of timelines")
+        ids = [tl.request_id for tl in timelines]
+        if len(set(ids)) != len(ids):
+            _check_unique(ids)
+        return _summary(
+            cols, itls, time_unit=time_unit, padding_tokens=padding_tokens, unsent_tokens=unsent_tokens, slo=slo
+        )
+
+
+def _check_unique(ids: list[str]) -> None:
+    """ValueError naming the first request id seen twice."""
+    seen: set[str] = set()
+    for rid in ids:
+        if rid in seen:
+            raise ValueError(f"request id {rid!r} appears in more than one timeline")
+        seen.add(rid)
 
 
 def summarize_rows(
@@ -239,18 +253,35 @@ def summarize_rows(
     """`summarize` of per-request metrics already computed; `itls` (per emission, per token)
     replaces the rows' own inter-token gaps when they were pooled as the rows were made (the
     gaps of the rows that ran, `RequestMetrics.ran`, only)."""
+    with small_pages():
+        cols = columns_of_rows(rows)
+        pooled = itls if itls is not None else _rows_itls(rows)
+        return _summary(
+            cols, pooled, time_unit=time_unit, padding_tokens=padding_tokens, unsent_tokens=unsent_tokens, slo=slo
+        )
+
+
+def _summary(
+    cols: RequestColumns,
+    itls: PooledItls,
+    *,
+    time_unit: str,
+    padding_tokens: int,
+    unsent_tokens: int,
+    slo: SLO | None,
+) -> dict[str, object]:
     check_time_unit(time_unit)
     if padding_tokens < 0 or unsent_tokens < 0:
         raise ValueError(f"waste counts must be >= 0, got padding={padding_tokens} unsent={unsent_tokens}")
-    if not rows:
+    if not len(cols):
         raise ValueError("cannot summarize an empty list of timelines")
-    makespan = run_makespan(rows)
+    makespan = run_makespan(cols)
     summary: dict[str, object] = {"time_unit": time_unit, "duration": makespan, "makespan": makespan}
-    summary.update(_count_keys(rows))
-    summary.update(_throughput_keys(rows, makespan))
+    summary.update(_count_keys(cols))
+    summary.update(_throughput_keys(cols, makespan))
     summary["padding_waste"] = int(padding_tokens)
     summary["unsent_waste"] = int(unsent_tokens)
-    summary.update(_latency_keys(rows, time_unit, itls))
+    summary.update(_latency_keys(cols, time_unit, itls))
     if slo is not None:
-        summary.update(_goodput_keys(rows, makespan, slo))
+        summary.update(_goodput_keys(cols, makespan, slo))
     return summary

@@ -51,6 +51,7 @@ __all__ = [
     "CostKind",
     "CostModel",
     "CostSpecError",
+    "FixedPrice",
     "RooflineCost",
     "TableCost",
     "UnitCost",
@@ -82,11 +83,21 @@ class UnitCost:
         work = out.num_batched_tokens + out.num_padding_tokens
         return float(max(1, math.ceil(work / self.capacity)))
 
-    def decode_pricer(self, num_decodes: int, num_padding: int) -> Callable[[int, int], float]:
+    def decode_pricer(self, num_decodes: int, num_padding: int) -> FixedPrice:
         """`price(step_id, context)` of a step of `num_decodes` steady decodes: `step_time` of it,
         which does not depend on the step or the context."""
-        work = float(max(1, math.ceil((num_decodes + num_padding) / self.capacity)))
-        return lambda step_id, context: work
+        return FixedPrice(float(max(1, math.ceil((num_decodes + num_padding) / self.capacity))))
+
+
+@dataclass(frozen=True, slots=True)
+class FixedPrice:
+    """A decode pricer (`price(step_id, context)`) whose every step costs `value`: decode runs
+    time a long stretch of such steps at once (`contbatch.sim.skip_ahead`)."""
+
+    value: float
+
+    def __call__(self, step_id: int, context: int) -> float:
+        return self.value
 
 
 @dataclass(frozen=True, slots=True)

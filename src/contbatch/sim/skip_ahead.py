@@ -3,9 +3,15 @@
 
 A run goes on while it can: arrivals that fit are admitted inside it, unless clients are tracked
 (then it stops at the next arrival); it never runs through a step during which a client cancels
-(that step's results must see the cancellation); it takes at most `RUN_STEPS` steps. Every step
+(that step's results must see the cancellation); it takes at most `RUN_STEPS` steps
+(`LONG_RUN_STEPS` when finished requests are kept rather than folded). Every step
 it takes is added to the loop's totals and, when the loop has observers, reported as the same
 `StepRecord` stepping would give.
+
+Without observers, a long stretch of decode steps (`AT_ONCE_STEPS` or more) is timed with
+vectorised arithmetic (`_timed_at_once`): the step ends and the loop's totals are sequential
+sums (`np.add.accumulate`, left to right as stepping adds them), so every float equals the one
+stepping gives; a `FixedPrice` pricer (the unit cost) is not even called per step.
 """
 
 from __future__ import annotations
@@ -13,12 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from contbatch.core.outputs import SchedulerOutput
 from contbatch.core.scheduler import ContinuousScheduler
 from contbatch.loop import EngineCore, StepRecord, VirtualClock
 from contbatch.sim.clients import Clients
-from contbatch.sim.cost import CostModel
-from contbatch.sim.decode_run import DecodeRun, open_run
+from contbatch.sim.cost import CostModel, FixedPrice
+from contbatch.sim.decode_run import DecodeRun, Segment, open_run
 from contbatch.sim.executor import SimExecutor
 
 if TYPE_CHECKING:
@@ -26,6 +34,8 @@ if TYPE_CHECKING:
 
 RUN_STEPS = 1024  # the most steps one decode run takes: bounds its step-time list and, in streaming mode, how
 # many finished requests wait to be folded (every 1,024 steps, as outside runs)
+LONG_RUN_STEPS = 1 << 15  # the same when requests are not folded (not streaming): fewer runs to open and close
+AT_ONCE_STEPS = 64  # segments this long are timed with vectorised arithmetic (when nothing observes steps)
 
 
 def decode_shape(step_id: int, num_decodes: int, context: int, num_padding: int) -> SchedulerOutput:
@@ -81,6 +91,7 @@ class SkipAhead:
         self.arrivals = arrivals
         self.clients = clients
         self.pricers = _Pricers(clock.pricer)
+        self.run_steps = RUN_STEPS if arrivals.folder is not None else LONG_RUN_STEPS
 
     def run(self, scheduler: ContinuousScheduler, inspect: Inspect | None) -> None:
         """Take the coming steps as a decode run, if they are foregone, for as long as it lasts."""
@@ -89,7 +100,7 @@ class SkipAhead:
             return
         run = open_run(ff, self.executor.stop_after, admits_arrivals=not self.clients.track_reads)
         driver = _RunDriver(self, run)
-        while driver.taken < RUN_STEPS and driver.advance():
+        while driver.taken < self.run_steps and driver.advance():
             pass
         run.close()
         if inspect is not None and driver.taken:
@@ -104,6 +115,7 @@ class _RunDriver:
         self.core = skip.core
         self.clock = skip.clock
         self.pricers = skip.pricers
+        self.run_steps = skip.run_steps
         self.arrivals = skip.arrivals
         self.cancel_ts = skip.clients.next_cancel_ts()  # a step overlapping it is not the run's
         self.total_blocks = run.ff.num_blocks or 1
@@ -149,14 +161,36 @@ class _RunDriver:
         return True
 
     def _segment(self) -> bool:
-        limit = RUN_STEPS - self.taken
+        limit = self.run_steps - self.taken
         segment = self.run.decode_segment(_segment_steps(self.next_arrival, self.clock.ts, self.duration, limit))
         if segment is None:
             return False
         n, context, padding = segment.num_decodes, segment.first_context, segment.num_padding
         price = self.pricers.for_decodes(n, padding)
-        next_arrival, cancel_ts, total_blocks = self.next_arrival, self.cancel_ts, self.total_blocks
         first_id = self.run.first_step_id + self.taken
+        totals = self.core.totals
+        if not self.observed and len(segment.blocks_in_use) >= AT_ONCE_STEPS:
+            ends, cancelled, last_duration = self._timed_at_once(segment, price, first_id)
+            context += n * len(ends)
+        else:
+            ends, cancelled, last_duration, context = self._timed(segment, price, first_id)
+        if ends:
+            self.duration, self.last = last_duration, (n, context - n, padding)
+        self.clock.advance_to(ends[-1] if ends else self.clock.ts)
+        totals.num_steps += len(ends)
+        totals.num_padding_tokens += padding * len(ends)
+        self.run.commit_segment(segment, ends)
+        self.taken += len(ends)
+        return not cancelled
+
+    def _timed(
+        self, segment: Segment, price: Callable[[int, int], float], first_id: int
+    ) -> tuple[list[float], bool, float, int]:
+        """Time the segment's steps one by one (reporting each to the observers) until an arrival
+        is due or a step would overlap a cancellation: (their end times, whether a cancellation
+        cut it, the last step's duration, the context after them); the loop's totals updated."""
+        n, context, padding = segment.num_decodes, segment.first_context, segment.num_padding
+        next_arrival, cancel_ts, total_blocks = self.next_arrival, self.cancel_ts, self.total_blocks
         # the totals are summed step by step, in the order stepping sums them (equal floats)
         totals = self.core.totals
         busy, area, kv_max = totals.busy_time, totals.kv_area, totals.kv_max
@@ -181,15 +215,45 @@ class _RunDriver:
             ends.append(end)
             now, last_duration = end, duration
             context += n
-        if ends:
-            self.duration, self.last = last_duration, (n, context - n, padding)
-        self.clock.advance_to(now)
         totals.busy_time, totals.kv_area, totals.kv_max = busy, area, kv_max
-        totals.num_steps += len(ends)
-        totals.num_padding_tokens += padding * len(ends)
-        self.run.commit_segment(segment, ends)
-        self.taken += len(ends)
-        return not cancelled
+        return ends, cancelled, last_duration, context
+
+    def _timed_at_once(
+        self, segment: Segment, price: Callable[[int, int], float], first_id: int
+    ) -> tuple[list[float], bool, float]:
+        """`_timed` of an unobserved segment with vectorised arithmetic (same cut, same floats):
+        (the steps' end times, whether a cancellation cut it, the last step's duration)."""
+        k = len(segment.blocks_in_use)
+        times = np.empty(k + 1)
+        times[0] = self.clock.ts
+        if isinstance(price, FixedPrice):
+            times[1:] = price.value
+        else:
+            n, context = segment.num_decodes, segment.first_context
+            times[1:] = [price(first_id + j, context + j * n) for j in range(k)]
+        durations = times[1:].copy()
+        np.add.accumulate(times, out=times)  # times[j]: when step j starts (step j - 1 ends)
+        cut, cancelled = k, False
+        if self.next_arrival is not None:  # a step starting at or after the arrival is not the run's
+            late = np.flatnonzero(times[:k] >= self.next_arrival)
+            cut = int(late[0]) if late.size else k
+        if self.cancel_ts is not None:  # nor one ending at or after a cancellation
+            overlapping = np.flatnonzero(times[1 : cut + 1] >= self.cancel_ts)
+            if overlapping.size:
+                cut, cancelled = int(overlapping[0]), True
+        if not cut:
+            return [], cancelled, self.duration
+        totals = self.core.totals
+        took = np.diff(times[: cut + 1])
+        in_use = segment.blocks_in_use
+        if in_use[0] == in_use[cut - 1]:  # (non-decreasing) no block taken in between: one usage
+            usage = np.full(cut, in_use[0] / self.total_blocks)
+        else:
+            usage = np.asarray(in_use[:cut], dtype=np.float64) / self.total_blocks
+        totals.busy_time = float(np.add.accumulate(np.concatenate(([totals.busy_time], took)))[-1])
+        totals.kv_area = float(np.add.accumulate(np.concatenate(([totals.kv_area], usage * took)))[-1])
+        totals.kv_max = max(totals.kv_max, float(usage.max()))
+        return times[1 : cut + 1].tolist(), cancelled, float(durations[cut - 1])
 
 
 def _segment_steps(next_arrival: float | None, now: float, last_duration: float, limit: int) -> int:
