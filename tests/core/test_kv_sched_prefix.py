@@ -139,3 +139,14 @@ def test_a_request_readmitted_after_recompute_starts_after_its_cached_blocks() -
     assert (s.stats.num_prefix_query_tokens, s.stats.num_prefix_hit_tokens) == (8, 2)  # ... but not counted
     assert s.stats.num_recomputed_tokens == 2  # b had computed 6 positions, 4 of them cached
     assert a.finish_reason is FinishReason.LENGTH and b.finish_reason is FinishReason.LENGTH
+
+
+def test_a_request_that_skips_reading_the_cache_computes_every_position() -> None:
+    """`skip_reading_prefix_cache` (prompt logprobs): no hit, though its blocks are cached for others."""
+    s = make()
+    a = Request("a", 0.0, 12, 4, block_hashes=(*SHARED, 201))
+    assert first_chunk(s, a, 0.0) == (0, 12)
+    b = Request("b", 1.0, 12, 4, block_hashes=(*SHARED, 301), skip_reading_prefix_cache=True)
+    assert first_chunk(s, b, 1.0) == (0, 12)
+    c = Request("c", 2.0, 16, 4, block_hashes=(*SHARED, 301, 401))  # b's own third block was cached
+    assert first_chunk(s, c, 2.0) == (12, 4)

@@ -1,6 +1,10 @@
 """Shared builders for engine tests: tiny random checkpoints written by transformers into tmp dirs,
 reference logits from transformers' own forward, and a hand-driven runner (no scheduler).
 
+Devices: the `device` fixture runs a test once per device, "cpu" and "cuda". The cuda case carries
+the `cuda` marker (`pytest -m cuda` selects it; benchmarks/gpu_check.sh runs that) and is skipped
+when torch sees no CUDA device, so the same test body always runs on the CPU.
+
 Everything is local: no network, no hub lookups (HF_HUB_OFFLINE is set for the session).
 """
 
@@ -29,6 +33,17 @@ TINY: dict[str, Any] = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 128,
 }
+
+
+NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+CUDA = pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, NO_CUDA])
+DEVICES = [pytest.param("cpu", id="cpu"), CUDA]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """Each test that takes it runs on the CPU and, under the `cuda` marker, on CUDA."""
+    return torch.device(request.param)
 
 
 @dataclass

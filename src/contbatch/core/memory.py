@@ -83,7 +83,7 @@ class Memory:
 
     def _hit_blocks(self, request: Request) -> tuple[int, int]:
         """(leading blocks of `request` cached, of which on the free list)."""
-        if not self.config.enable_prefix_caching:
+        if not self.config.enable_prefix_caching or request.skip_reading_prefix_cache:
             return 0, 0
         block_size = self.kv.block_size
         limit = (request.num_known_tokens - 1) // block_size

@@ -48,6 +48,7 @@ class Request:
         "prompt_token_ids",
         "recompute_until",
         "request_id",
+        "skip_reading_prefix_cache",
         "status",
         "tenant",
         "timeline",
@@ -67,6 +68,7 @@ class Request:
         prompt_token_ids: tuple[int, ...] = (),
         params: object = None,
         num_external_tokens: int = 0,
+        skip_reading_prefix_cache: bool = False,
     ) -> None:
         if num_prompt_tokens < 1:
             raise ValueError(f"request {request_id!r}: num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
@@ -94,6 +96,8 @@ class Request:
         self.output_token_ids: list[int] = []
         self.num_preemptions = 0
         self.block_hashes = block_hashes  # one per full block, prompt then output (contbatch.core.block_hashes)
+        # computes every position itself (prompt logprobs need them: vLLM's rule); its blocks are still cached
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
         self.prompt_token_ids = prompt_token_ids  # empty when only lengths are known (the simulator)
         self.params = params  # the executor's per-request parameters (sampling); the scheduler never reads them
         self.recompute_until = 0  # positions below this were computed before a recompute preemption

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from contbatch.engine.device import resolve_device
 from contbatch.engine.spec import ModelSpec
 
 
@@ -56,7 +57,7 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = resolve_device(device)
         shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
         self._kv = torch.zeros(shape, dtype=dtype, device=self.device)
         self._host: dict[str, torch.Tensor] = {}

@@ -21,13 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from contbatch.engine.attention import AttentionMetadata, paged_attention, windowed
+from contbatch.engine.device import resolve_device
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -114,7 +111,7 @@ class LlamaModel:
     ) -> None:
         """`weights`: transformers names (`model.layers.0.self_attn.q_proj.weight`, ...), as the loader checks them."""
         self.spec = spec
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         with torch.no_grad():
             self.embed = weights["model.embed_tokens.weight"].to(device=self.device, dtype=self.dtype)

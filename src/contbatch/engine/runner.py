@@ -37,6 +37,10 @@ does (a poison request: its parameters break the sampler); the rest of the step 
 next one, their generators as they were before the failed step (a seeded request draws the same
 tokens as without the failure). When no request fails alone, the whole step's requests fail.
 
+On CUDA, `execute` returns only once the step's kernels and copies have finished (a step that
+samples nothing would otherwise return right after queueing them), so a host clock read around it
+(the loop's wall clock, calibration's step timing) measures the step itself.
+
 Invariants checked per chunk: the request has a `SequenceState`; its token ids cover the chunk;
 its block table covers `start + num_new_tokens`; a sampling chunk ends at the last known token.
 """
@@ -53,9 +57,10 @@ import torch
 from contbatch.core.outputs import LogprobsResult, ScheduledChunk, SchedulerOutput, StepResult, TokenLogprobs
 from contbatch.core.status import FinishReason
 from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_metadata
+from contbatch.engine.device import resolve_device, synchronize
 from contbatch.engine.kv_cache import PagedKVCache, num_blocks_for_memory
 from contbatch.engine.loader import load_checkpoint
-from contbatch.engine.model import LlamaModel, default_device, resolve_dtype
+from contbatch.engine.model import LlamaModel, resolve_dtype
 from contbatch.engine.sampling import History, Prepared, Sampler, logprobs_of
 from contbatch.engine.spec import ModelSpec
 from contbatch.loop.executor import StepError
@@ -203,7 +208,7 @@ class ModelRunner:
         if (num_blocks is None) == (kv_memory_bytes is None):
             raise ValueError("give exactly one of num_blocks and kv_memory_bytes")
         spec, weights = load_checkpoint(path, max_model_len=max_model_len)
-        dev = torch.device(device) if device is not None else default_device()
+        dev = resolve_device(device)
         kv_dtype = resolve_dtype(dtype if dtype is not None or dev.type == "cpu" else spec.dtype, dev)
         if kv_memory_bytes is not None:
             num_blocks = num_blocks_for_memory(spec, kv_memory_bytes, block_size, kv_dtype)
@@ -229,11 +234,13 @@ class ModelRunner:
         try:
             self._forget(out.finished_ids)
             self.apply_swaps(out)
-            if not run:
-                return StepResult()
-            batch = self.build_batch(run, seqs, prompt_logprob_ids)
-            _, logits = self.compute_logits(run, seqs, batch=batch)
-            return self._sample(batch, logits, seqs)
+            result = StepResult()
+            if run:
+                batch = self.build_batch(run, seqs, prompt_logprob_ids)
+                _, logits = self.compute_logits(run, seqs, batch=batch)
+                result = self._sample(batch, logits, seqs)
+            synchronize(self.device)  # a step that samples nothing (a prefill chunk, a swap) still queued work
+            return result
         except StepError:
             raise  # a sampling failure of some requests only
         except Exception as exc:

@@ -90,8 +90,7 @@ class Intake:
         vocab = self.vocab_size
         if params.logit_bias and vocab is not None and params.logit_bias[-1][0] >= vocab:
             raise IntakeError(f"logit_bias names token id {params.logit_bias[-1][0]}, outside [0, {vocab})")
-        # prompt logprobs need every prompt position computed: no prefix-cache hits (vLLM's rule)
-        block_size = self.hash_block_size if params.prompt_logprobs is None else None
+        block_size = self.hash_block_size
         return Request(
             request_id,
             arrival_ts,
@@ -102,4 +101,6 @@ class Intake:
             block_hashes=prompt_block_hashes(ids, block_size) if block_size else (),
             prompt_token_ids=ids,
             params=params,
+            # prompt logprobs need every prompt position computed: no prefix-cache hits (vLLM's rule)
+            skip_reading_prefix_cache=params.prompt_logprobs is not None,
         )
