@@ -12,9 +12,8 @@
 #               (all requests at once: continuous batching, chunked prefill) against transformers'
 #               `generate` on CUDA, one prompt at a time. float32 must be token-exact; bfloat16
 #               and float16 are reported (matching prefix per request), not gated. (at most 100 s)
-#   3. peer     `contbatch serve --backend engine` (on CUDA: its default device when one is
-#               present) against `transformers serve --continuous-batching --device cuda`, same
-#               demo model in float32, the same KV capacity (32,768 tokens) and token budget
+#   3. peer     `contbatch serve --backend engine --device cuda` against `transformers serve
+#               --continuous-batching --device cuda`, same demo model in float32, the same KV capacity (32,768 tokens) and token budget
 #               (4,096), driven by `contbatch bench`: a warm-up, then 48 requests of 256 prompt
 #               and 128 output tokens all at once and at Poisson 8/s, the two servers interleaved.
 #               Requests are plain OpenAI (transformers serve refuses `ignore_eos` with 422), so an
@@ -175,6 +174,7 @@ ports = {"contbatch": free_port(), "transformers": free_port()}
 argv = {
     "contbatch": [py, "-m", "contbatch.cli.main", "serve", "--backend", "engine", "--model", path,
                   "--served-model-name", path, "--port", str(ports["contbatch"]), "--kv-cache-memory", str(kv_mib),
+                  "--device", device, "--dtype", "float32",
                   "--set", f"max_num_batched_tokens={budget}", "--log-level", "warning"],
     "transformers": [py, "-m", "transformers.cli.transformers", "serve", path, "--continuous-batching",
                      "--device", device, "--dtype", "float32", "--cb-block-size", str(peer_block),

@@ -41,6 +41,7 @@ def test_run_replays_a_trace_through_both_schedulers() -> None:
         (["run", "--schedulers", "magic"], "unknown magic"),
         (["run", "--trace", "nope"], "unknown trace 'nope'"),
         (["generate", "x", "--model", "/nonexistent/dir"], "cannot load the model"),
+        (["generate", "x", "--device", "tpu"], "unknown device 'tpu'"),
     ],
 )
 def test_bad_engine_flags_are_one_clear_line(args: list[str], needle: str) -> None:

@@ -346,3 +346,12 @@ def test_the_model_its_cache_and_the_runner_name_one_device(checkpoint: Path, de
 def test_half_precision_is_refused_on_the_cpu(checkpoint: Path, dtype: str) -> None:
     with pytest.raises(ValueError, match="CUDA-only"):
         ModelRunner.from_checkpoint(checkpoint, num_blocks=4, device="cpu", dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [("tpu", "unknown device 'tpu'"), ("meta", "not supported"), ("cuda:99", "cuda:99")],
+)
+def test_a_device_the_engine_cannot_use_is_a_clear_error(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        resolve_device(name)

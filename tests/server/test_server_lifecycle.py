@@ -131,6 +131,8 @@ def test_the_engine_backend_refuses_a_checkpoint_it_cannot_load() -> None:
     ("argv", "words"),
     [
         (["--backend", "engine", "--model", "/nonexistent/checkpoint"], "cannot load the model"),
+        (["--backend", "engine", "--device", "tpu"], "unknown device 'tpu'"),
+        (["--backend", "engine", "--dtype", "int8"], "int8"),
         (["--backend", "sim", "--cost", "unit:8"], "seconds"),
         (["--backend", "sim", "--set", "bogus=1"], "bogus"),
         (["--backend", "sim", "--cost", "affine:nope=1"], "nope"),

@@ -61,6 +61,8 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--kv-cache-memory", type=float, default=None, metavar="MIB", help="engine: KV cache size in MiB (default 256)"
     )
+    serve.add_argument("--device", help="engine: cpu or cuda (default: cuda when present)")
+    serve.add_argument("--dtype", help="engine: float32 (CPU default), float16 or bfloat16")
     serve.add_argument("--served-model-name", help="the model id clients name (default: --model, or contbatch-sim)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -207,7 +209,7 @@ def build_app(args: argparse.Namespace) -> Any:
     config = scheduler_config(args.preset, cost if cost is not None else AffineCost(), overrides)
     try:
         kv_bytes = int(args.kv_cache_memory * 1024**2) if args.kv_cache_memory is not None else None
-        options = BackendOptions(cost, args.model, args.served_model_name, kv_bytes)
+        options = BackendOptions(cost, args.model, args.served_model_name, kv_bytes, args.device, args.dtype)
         backend = make_backend(args.backend, config, options)
     except BackendError as exc:
         raise UsageError(f"--backend {args.backend}: {exc}") from None

@@ -17,10 +17,22 @@ def default_device() -> torch.device:
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:
-    """`device` as a `torch.device` (None: `default_device()`), a bare "cuda" with its index."""
-    dev = torch.device(device) if device is not None else default_device()
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+    """`device` as a `torch.device` (None: `default_device()`), a bare "cuda" with its index. A
+    ValueError names a device the engine cannot run on: only "cpu" and "cuda[:N]", and CUDA only
+    where torch sees that GPU."""
+    try:
+        dev = torch.device(device) if device is not None else default_device()
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}: use cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not supported: use cpu or cuda")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: torch sees no CUDA device (torch {torch.__version__})")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 

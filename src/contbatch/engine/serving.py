@@ -55,9 +55,11 @@ def make_server_backend(
     model: str | None,
     served_model_name: str | None,
     kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> EngineBackend:
     """Load `model` (a local checkpoint directory; None: the demo model) and size the scheduler's
     KV config to the runner's cache (block count, block size) and its max model length."""
     block_size = config.kv.block_size if config.kv is not None else 16
-    loaded = load_model(model, kv_cache_memory=kv_cache_memory, block_size=block_size)
+    loaded = load_model(model, kv_cache_memory=kv_cache_memory, block_size=block_size, device=device, dtype=dtype)
     return EngineBackend(loaded, fit_scheduler(config, loaded.runner), served_model_name or loaded.path.name)

@@ -24,6 +24,8 @@ class BackendOptions:
     model: str | None = None  # engine: a local checkpoint directory (None: the demo model); sim: a name
     served_model_name: str | None = None  # the model id clients name (default: from `model`)
     kv_cache_memory: int | None = None  # engine: bytes of paged KV cache (None: the engine's default)
+    device: str | None = None  # engine: cpu or cuda (None: cuda when present)
+    dtype: str | None = None  # engine: float32, float16 or bfloat16 (None: float32 on CPU, the checkpoint's on CUDA)
 
 
 def _sim(config: SchedulerConfig, options: BackendOptions) -> Backend:

@@ -2,7 +2,7 @@
 
 This module is only the registration point; the engine lives in `contbatch.engine` and is
 imported here lazily (importing the server never imports torch). `contbatch.engine` exposes
-`make_server_backend(config, *, model, served_model_name, kv_cache_memory)`: it loads the
+`make_server_backend(config, *, model, served_model_name, kv_cache_memory, device, dtype)`: it loads the
 checkpoint directory `model` (the built-in demo model when None), sizes `config` to the KV cache
 it builds, and returns a `Backend` whose executor runs the model forward and sampling for one
 `SchedulerOutput` (`contbatch.engine.executor.ModelExecutor`) and whose decoder is the model's
@@ -26,7 +26,9 @@ def make_engine_backend(config: SchedulerConfig, options: BackendOptions) -> Bac
     except ImportError as exc:
         raise BackendError(f"the engine backend needs contbatch.engine: {exc}") from None
     entry = getattr(engine, ENTRY_POINT)
-    extra = {"kv_cache_memory": options.kv_cache_memory} if options.kv_cache_memory is not None else {}
+    extra: dict[str, object] = {"device": options.device, "dtype": options.dtype}
+    if options.kv_cache_memory is not None:
+        extra["kv_cache_memory"] = options.kv_cache_memory
     try:
         backend: Backend = entry(config, model=options.model, served_model_name=options.served_model_name, **extra)
     except (OSError, ValueError) as exc:  # an unreadable or unsupported checkpoint
