@@ -69,6 +69,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "contbatch.server.serving",
         "contbatch.server.backends.sim",
     ),
+    # observes a server from the outside and fits the simulator to it: never torch or the engine
+    # (only `observe.validate` reuses calibrate's metric list, which loads torch)
+    **dict.fromkeys(
+        ("contbatch.observe", "contbatch.observe.fit", "contbatch.observe.probe", "contbatch.cli.observe_cmd"),
+        ("torch", "fastapi", "matplotlib", "contbatch.engine", "contbatch.server", "contbatch.calibrate"),
+    ),
     # joins the engine and the simulator; plots only on request, never the server
     "contbatch.calibrate": ("fastapi", "matplotlib", "contbatch.server"),
 }

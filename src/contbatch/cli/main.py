@@ -1,4 +1,5 @@
-"""The `contbatch` command line: `simulate`, `compare`, `capacity`, `sweep`, `serve`, `route` and `bench`.
+"""The `contbatch` command line: `simulate`, `compare`, `capacity`, `sweep`, `serve`, `route`, `bench`,
+`observe` and `fit`.
 
 Bad input (unknown names, bad values, unreadable traces) is answered with one line on stderr
 and exit code 2; a failure inside a run with exit code 1 and its message, never a traceback.
@@ -16,6 +17,7 @@ from contbatch.cli.bench_cmd import add_bench_parser, run_bench_command
 from contbatch.cli.calibrate_cmd import add_calibrate_parsers, run_calibrate_command, run_validate_command
 from contbatch.cli.capacity_cmd import add_capacity_parser, run_capacity_command
 from contbatch.cli.engine_cmd import add_engine_parsers, run_generate_command, run_run_command
+from contbatch.cli.observe_cmd import add_observe_parsers, run_fit_command, run_observe_command
 from contbatch.cli.options import UsageError, add_run_flags, add_vary_flags, resolve
 from contbatch.cli.report import run_all, to_document, to_json, to_text, write_out_dir
 from contbatch.cli.route_cmd import add_route_parser, run_route_command
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(commands)
     add_route_parser(commands)
     add_bench_parser(commands)
+    add_observe_parsers(commands)
     return parser
 
 
@@ -100,6 +103,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "serve": run_serve_command,
     "route": run_route_command,
     "bench": run_bench_command,
+    "observe": run_observe_command,
+    "fit": run_fit_command,
 }
 
 

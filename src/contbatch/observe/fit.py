@@ -1,0 +1,265 @@
+"""`fit`: the affine cost terms that make the simulator's per-chunk timelines match the observed ones.
+
+The model: a step of the server costs ``base + prefill x (prefill + padding tokens) + decode x
+decode tokens + context x KV positions read`` ms (`contbatch.sim.cost.AffineCost`, the profile's
+``affine`` fit), and every chunk reaches the client ``delivery`` ms after the step that produced
+its last token ended (HTTP, serialisation, the network: a latency the schedule never sees).
+
+The objective, over the completed requests ``i`` of every run used::
+
+    J(theta) = sum_i [ ((TTFT_i(theta) - TTFT_i) / TTFT_i)^2
+                       + (1 / G_i) sum_g ((gap_ig(theta) - gap_ig) / TPOT_i)^2 ]
+
+where ``TTFT_i(theta)`` and ``gap_ig(theta)`` (the time between consecutive chunks, ``G_i`` of
+them) come from simulating the observed runs (`contbatch.observe.replay`: arrivals at the
+observed send times, the observed prompt and output lengths, the server's scheduler config) and
+``TPOT_i`` is the request's observed mean gap. Each request weighs the same: once for its TTFT
+and once for its whole gap profile, each as a relative error (a gap's error is relative to the
+request's TPOT, so the near-zero gap of two chunks read from one packet cannot dominate). In a
+run sent all at once, the TTFTs and the gaps before every request has started have weight 0
+(`steady`: the server's intake order, invisible from outside, decides them).
+
+The minimisation starts from the probes' direct readings (`initial_terms`), fits the closed runs
+(prefill grid, decode sweep: schedules that barely move with the terms) first, and from there
+all runs. Each fit alternates two exact steps (a Gauss-Newton iteration whose Jacobian is exact):
+simulate at ``theta_k``, which fixes the schedule and makes every prediction linear in theta
+(`replay.linearise`); then solve that weighted least squares with every term >= 0 (exactly:
+with five terms every subset is solved and the best one without a negative term wins). It stops
+when theta moves by less than 0.1 % or after `MAX_ITERATIONS`, and returns the iterate of lowest
+simulated ``J`` (a schedule may flip between two iterates).
+
+Machine drift: each run is simulated with every step term multiplied by the machine's speed
+during it (`replay.run_speeds`, from the speed probe `observe` sends around every run), so the
+terms are those of the machine at the reference speed (``speed_reference_ms`` in the profile);
+`validate --observed` prices a held-out run at the speed its own probes found.
+
+Invariant: on a server that *is* the simulator with an affine cost and the same config
+(`contbatch serve --backend sim`), the fixed point is that cost, up to the noise of the HTTP
+path (`tests/observe`); on observations the simulator produced, exactly that cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from contbatch.core import SchedulerConfig
+from contbatch.observe.record import ObservedRun
+from contbatch.observe.replay import NUM_TERMS, Replay, Sample, linearise, replay, run_speeds
+from contbatch.sim.cost import AffineCost
+
+TERMS = ("base_ms", "prefill_ms", "decode_ms", "context_ms", "delivery_ms")
+OBJECTIVE = (
+    "sum over completed requests of ((predicted TTFT - observed) / observed)^2 + mean over the request's chunk "
+    "gaps of ((predicted gap - observed) / observed mean gap)^2; predictions from simulating the observed runs; "
+    "in runs sent all at once, TTFTs and the gaps before every request started are not fitted"
+)
+MAX_ITERATIONS = 12
+TOLERANCE = 1e-3
+
+
+class FitError(ValueError):
+    """The observations cannot support a fit (no completed request, no run to simulate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    base_ms: float
+    prefill_ms: float
+    decode_ms: float
+    context_ms: float
+    delivery_ms: float
+
+    @property
+    def theta(self) -> tuple[float, ...]:
+        return tuple(getattr(self, name) for name in TERMS)
+
+    def cost(self, swap_ms_per_block: float = 0.32) -> AffineCost:
+        return AffineCost(self.base_ms, self.prefill_ms, self.decode_ms, self.context_ms, swap_ms_per_block)
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in TERMS}
+
+    def scaled(self, speed: float) -> Terms:
+        """The step terms at a machine `speed` times slower (delivery is no step's and stays)."""
+        base, prefill, decode, context = (speed * v for v in self.theta[:4])
+        return Terms(base, prefill, decode, context, self.delivery_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResidual:
+    run: str
+    kind: str
+    num_requests: int
+    ttft_observed_ms: float  # means over the run's completed requests
+    ttft_predicted_ms: float
+    tpot_observed_ms: float | None
+    tpot_predicted_ms: float | None
+    ttft_mean_abs_rel: float  # mean |predicted / observed - 1| per request
+    gap_mean_abs_rel: float | None  # mean |gap error| / TPOT per gap
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    terms: Terms
+    objective: float  # J at `terms`, per request (J / requests)
+    num_requests: int
+    iterations: tuple[dict[str, Any], ...]  # each iterate: its terms and objective
+    residuals: tuple[RunResidual, ...] = field(default_factory=tuple)
+    speed_reference_ms: float | None = None  # the speed probe the terms are priced at (None: no probe)
+    speeds: Mapping[str, float] = field(default_factory=dict)  # each run's machine speed against it
+
+
+def _solve(samples: Sequence[Sample]) -> tuple[float, ...]:
+    """Weighted non-negative least squares of the linearised samples, exactly: with five terms,
+    every subset of them is solved unconstrained and the best solution with no negative term wins."""
+    x = np.array([s.features for s in samples])
+    y = np.array([s.observed - s.offset for s in samples])
+    w = np.array([s.weight for s in samples])
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    xs = x / scale * w[:, None]
+    target = y * w
+    usable = [i for i in range(NUM_TERMS) if np.abs(x[:, i]).max() > 0]
+    best, best_cost = np.zeros(NUM_TERMS), float(target @ target)
+    for subset in itertools.chain.from_iterable(itertools.combinations(usable, k) for k in range(1, len(usable) + 1)):
+        columns = list(subset)
+        solution, *_ = np.linalg.lstsq(xs[:, columns], target, rcond=None)
+        if (solution < 0).any():
+            continue
+        residual = target - xs[:, columns] @ solution
+        cost = float(residual @ residual)
+        if cost < best_cost:
+            best, best_cost = np.zeros(NUM_TERMS), cost
+            best[columns] = solution
+    return tuple(float(v) for v in best / scale)
+
+
+def objective(samples: Sequence[Sample], theta: Sequence[float]) -> float:
+    return math.fsum((s.weight * (s.predicted(theta) - s.observed)) ** 2 for s in samples)
+
+
+def initial_terms(runs: Sequence[ObservedRun]) -> Terms:
+    """A start for the iteration from the probes alone: the one-request decode gap as the base,
+    the TTFT slope against the prompt as the prefill term, the rest of the TTFT as delivery."""
+    gaps = [b - a for run in runs if run.kind in ("prefill", "decode") for r in run.completed
+            for a, b in zip(r.chunk_ts, r.chunk_ts[1:], strict=False)]  # fmt: skip
+    step = statistics.median(gaps) if gaps else 0.01
+    points = [(r.num_prompt_tokens, r.chunk_ts[0] - r.send_ts) for run in runs if run.kind == "prefill"
+              for r in run.completed]  # fmt: skip
+    slope, intercept = 0.0, step
+    if len({p for p, _ in points}) >= 2:
+        slope, intercept = (float(v) for v in np.polyfit([p for p, _ in points], [t for _, t in points], 1))
+    return Terms(1000 * step, 1000 * max(slope, 0.0), 0.0, 0.0, 1000 * max(intercept - step, 0.0))
+
+
+def _simulate(
+    runs: Sequence[ObservedRun], config: SchedulerConfig, terms: Terms, scheduler: str, speeds: Mapping[str, float]
+) -> tuple[list[Replay], list[Sample]]:
+    replays = []
+    samples = []
+    for run in runs:
+        speed = speeds.get(run.name, 1.0)
+        rep = replay(run, config, terms.scaled(speed).cost(), scheduler)
+        if rep is not None:
+            replays.append(rep)
+            samples += steady(run, linearise(rep, terms.theta, speed))
+    return replays, samples
+
+
+def steady(run: ObservedRun, samples: list[Sample]) -> list[Sample]:
+    """`samples` with weight 0 (reported, not fitted) where a run sent its requests all at once
+    (the decode sweep, the saturation run): the TTFTs, and the gaps that start before every
+    request of the run has its first token. A burst reaches a server one request after another
+    (parsing, tokenising), in an order the client cannot see, which decides the step each one
+    joins, while the simulator admits them all at their send time; once all have started, every
+    step is the steady batch the run is there to measure."""
+    if run.kind != "decode" or len(run.requests) < 2:
+        return samples
+    started = max(r.chunk_ts[0] for r in run.completed)
+    return [s if s.kind == "gap" and s.start_ts >= started else dataclasses.replace(s, weight=0.0) for s in samples]
+
+
+def fit(
+    runs: Sequence[ObservedRun], config: SchedulerConfig, *, scheduler: str = "continuous", start: Terms | None = None
+) -> FitResult:
+    """Fit `Terms` to `runs` (module docstring), from `start` (default: `initial_terms`)."""
+    used = [run for run in runs if run.kind != "warmup" and run.completed]
+    if not used:
+        raise FitError("no completed request in the runs to fit (observe prefill, decode or open runs first)")
+    terms = start or initial_terms(used)
+    speeds, reference = run_speeds(used)
+    closed = [run for run in used if run.kind != "open"]
+    history: list[tuple[float, Terms, list[Sample]]] = []
+    if closed and len(closed) < len(used):
+        # the closed runs' schedules hardly depend on the terms: their fixed point is a start
+        # from which the open runs' schedules (queueing decides them) are already nearly right
+        terms = min(_iterate(closed, config, terms, scheduler, speeds), key=lambda h: h[0])[1]
+    history = _iterate(used, config, terms, scheduler, speeds)
+    best, best_terms, best_samples = min(history, key=lambda h: h[0])
+    num_requests = sum(1 for s in best_samples if s.kind == "ttft")
+    iterations = tuple({**t.as_dict(), "objective": j / max(num_requests, 1)} for j, t, _ in history)
+    return FitResult(best_terms, best / max(num_requests, 1), num_requests, iterations,
+                     residuals(used, best_samples, best_terms.theta), reference, speeds)  # fmt: skip
+
+
+def _iterate(
+    runs: Sequence[ObservedRun], config: SchedulerConfig, terms: Terms, scheduler: str, speeds: Mapping[str, float]
+) -> list[tuple[float, Terms, list[Sample]]]:
+    """Simulate, linearise, solve, until theta stays put: every iterate with its objective."""
+    history: list[tuple[float, Terms, list[Sample]]] = []
+    for _ in range(MAX_ITERATIONS + 1):
+        _, samples = _simulate(runs, config, terms, scheduler, speeds)
+        if not samples:
+            raise FitError("the simulated runs produced no chunk to compare with")
+        history.append((objective(samples, terms.theta), terms, samples))
+        if len(history) > MAX_ITERATIONS:
+            break
+        new = Terms(*_solve(samples))
+        moved = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(new.theta, terms.theta, strict=True))
+        terms = new
+        if moved < TOLERANCE:
+            _, samples = _simulate(runs, config, terms, scheduler, speeds)
+            history.append((objective(samples, terms.theta), terms, samples))
+            break
+    return history
+
+
+def residuals(
+    runs: Sequence[ObservedRun], samples: Sequence[Sample], theta: Sequence[float]
+) -> tuple[RunResidual, ...]:
+    """Per run: mean TTFT and TPOT observed and predicted, and the mean relative errors."""
+    out = []
+    for run in runs:
+        mine = [s for s in samples if s.run == run.name]
+        ttfts = [s for s in mine if s.kind == "ttft"]
+        if not ttfts:
+            continue
+        gaps = [s for s in mine if s.kind == "gap"]
+        by_request: dict[str, list[Sample]] = {}
+        for s in gaps:
+            by_request.setdefault(s.request_id, []).append(s)
+        tpots = [(statistics.fmean(g.observed for g in group), statistics.fmean(g.predicted(theta) for g in group))
+                 for group in by_request.values()]  # fmt: skip
+        gap_err = [abs(s.predicted(theta) - s.observed) * s.weight * math.sqrt(len(by_request[s.request_id]))
+                   for s in gaps]  # fmt: skip
+        out.append(RunResidual(
+            run.name, run.kind, len(ttfts),
+            1000 * statistics.fmean(s.observed for s in ttfts),
+            1000 * statistics.fmean(s.predicted(theta) for s in ttfts),
+            1000 * statistics.fmean(o for o, _ in tpots) if tpots else None,
+            1000 * statistics.fmean(p for _, p in tpots) if tpots else None,
+            statistics.fmean(abs(s.predicted(theta) / s.observed - 1) for s in ttfts if s.observed > 0),
+            statistics.fmean(gap_err) if gap_err else None,
+        ))  # fmt: skip
+    return tuple(out)
