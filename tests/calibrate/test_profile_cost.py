@@ -161,3 +161,19 @@ def test_missing_profile_file_is_a_cost_spec_error(tmp_path: Path) -> None:
         parse_cost(f"profile:{tmp_path / 'absent.json'}")
     with pytest.raises(CostSpecError, match="expected profile:PATH"):
         parse_cost("profile:")
+
+
+def test_step_speed_is_measured_over_priced_time_of_the_replays_own_steps(tmp_path: Path) -> None:
+    """`validate`'s `steps` speed source: total cycle time over the profile's price at calibration
+    speed, whatever speed the profile is at; exact."""
+    from contbatch.calibrate.fit import StepSample
+    from contbatch.calibrate.validate import step_speed
+
+    cost = load_profile(_write(tmp_path, _document()))
+    steps = [StepSample(0, 4, 400, 4, 0.0), StepSample(64, 2, 300, 3, 0.0)]
+    priced = [1000.0 * cost.step_time(step.to_output()) for step in steps]
+    measured = [StepSample(s.num_prefill_tokens, s.num_decode_tokens, s.num_context_tokens, s.num_requests, 1.1 * p)
+                for s, p in zip(steps, priced, strict=True)]  # fmt: skip
+    assert step_speed(cost, measured) == pytest.approx(1.1)
+    assert step_speed(cost.at_speed(2.0), measured) == pytest.approx(1.1)  # against calibration, not the current speed
+    assert step_speed(cost, []) == 1.0

@@ -7,11 +7,13 @@
    queueing near capacity amplifies it), and every replay's values are kept;
 2. the simulator runs the same trace with the profile's cost model and *the scheduler config the
    engine ran with* (its KV block count and block size, max_model_len, every budget), the same
-   scheduler kind, once per replay. Given the profile's speed probe, each replay is predicted at
-   the machine speed the probe found right around it (`contbatch.calibrate.probe`): the speed of
-   a shared machine moves by a few percent between minutes, which the profile cannot know, and
-   near capacity that alone moves TPOT by ten percent. The probe times fixed synthetic steps, so
-   it reads nothing of the trace;
+   scheduler kind, once per replay, each replay priced at a machine speed (`SPEED_SOURCES`): the
+   speed of a shared machine moves by a few percent between minutes, which the profile cannot
+   know, and near capacity that alone moves TPOT by ten percent. `steps`: the replay's own engine
+   steps, their total cycle time against the profile's price of the same steps (one number per
+   replay, read from step times, never from the latencies predicted); `probe`: the profile's
+   speed probe (fixed synthetic steps, `contbatch.calibrate.probe`) timed right before and after
+   the replay; `calibration`: the speed of the calibration run;
 3. both sets of timelines are summarised by `contbatch.metrics.summarize`, and each metric of
    `METRICS` is compared replay by replay, relative error = predicted / measured - 1: a metric's
    row is the replay with the median error (the mean of the two middle replays for an even
@@ -19,8 +21,9 @@
    machine speed did to both sides together; medians taken apart would set one replay's
    measurement against another's prediction;
 4. each engine step's cycle time (`contbatch.calibrate.loop`) is compared with the cost model's
-   price of that very step: the step-level error, which tells a wrong cost model from
-   queueing that amplifies a small one.
+   price of that very step, at the replay's speed: the step-level error, which tells a wrong
+   cost model from queueing that amplifies a small one (with speeds from `steps`, the error on
+   the replays' total step time is 0 by construction; the per-step errors remain).
 
 A trace named ``calibration`` is refused: the calibration run used it, so it proves nothing.
 """
@@ -46,6 +49,8 @@ from contbatch.sim.costs.profile import ProfileCost
 from contbatch.sim.loop import simulate
 from contbatch.traces import Trace
 
+# where each replay's machine speed comes from (see the module docstring, step 2)
+SPEED_SOURCES = ("steps", "probe", "calibration")
 LATENCY_NAMES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
 STAT_NAMES = (("mean", "mean"), ("median", "p50"), ("p90", "p90"), ("p99", "p99"))
 # (summary key, label, unit) in the order they are reported
@@ -85,7 +90,9 @@ class Validation:
     steps: tuple[StepSample, ...] = ()  # the engine's steps with their cycle times (not in as_dict)
     replays: tuple[dict[str, float], ...] = ()  # each replay's measured value of every `METRICS` key
     predicted_replays: tuple[dict[str, float], ...] = ()  # and its predicted value
-    speeds: tuple[float, ...] = ()  # each replay's machine speed against calibration (probe); () without
+    speeds: tuple[float, ...] = ()  # each replay's machine speed against calibration, as predicted; () at 1
+    speed_source: str = "calibration"  # where `speeds` come from (`SPEED_SOURCES`)
+    speeds_by_source: dict[str, tuple[float, ...]] | None = None  # every source's speeds that could be read
     step_error_by_batch: dict[str, ErrorStats] | None = None  # `step_error` per kind of step (`batch_kind`)
 
     def row(self, key: str) -> MetricRow:
@@ -103,6 +110,8 @@ class Validation:
             "measured_replays": list(self.replays),
             "predicted_replays": list(self.predicted_replays),
             "machine_speed_per_replay": list(self.speeds),
+            "machine_speed_source": self.speed_source,
+            "machine_speed_per_replay_by_source": {k: list(v) for k, v in (self.speeds_by_source or {}).items()},
             "measured": self.measured_summary,
             "predicted": self.predicted_summary,
         }  # fmt: skip
@@ -116,28 +125,39 @@ def validate(
     engine: LLMEngine | None = None,
     replays: int = 1,
     reference_probe: Mapping[str, float] | None = None,
+    speed_source: str | None = None,
 ) -> Validation:
     """Run `trace` on the engine `replays` times (fresh engines sharing `engine`'s model when
     given) and in the simulator. Each metric's row is the replay with its median error
     (`_median_replay`); the timelines and summaries shown are those of the median replay by
     measured mean E2E.
 
-    With `reference_probe` (the profile's speed probe; `cost` must be a `ProfileCost`) the probe
-    is timed right before and after each replay, and that replay is predicted at the speed it
-    found (`ProfileCost.at_speed`); without, every replay is predicted at the profile's own
-    speed."""
+    `speed_source` (`SPEED_SOURCES`; default `probe` with a `reference_probe`, else
+    `calibration`) sets the machine speed each replay is predicted at (`ProfileCost.at_speed`):
+    `steps` and `probe` need a `ProfileCost`, `probe` the profile's speed probe (`reference_probe`),
+    which is then timed right before and after each replay."""
+    speed_source = speed_source or ("probe" if reference_probe is not None else "calibration")
+    if speed_source not in SPEED_SOURCES:
+        raise ValueError(f"unknown speed source {speed_source!r}; known: {', '.join(SPEED_SOURCES)}")
     if trace.name == CALIBRATION_TRACE:
         raise ValueError(f"trace {trace.name!r} is the calibration workload: validate on another trace")
     if cost.time_unit != "s" or trace.time_unit != "s":
         raise ValueError("validation needs a cost model and a trace in seconds")
     if replays < 1:
         raise ValueError(f"replays must be >= 1, got {replays}")
-    if reference_probe is not None and not isinstance(cost, ProfileCost):
-        raise ValueError("a speed probe re-prices a calibrated profile only: use --cost profile:PATH")
+    if speed_source != "calibration" and not isinstance(cost, ProfileCost):
+        raise ValueError("a machine speed re-prices a calibrated profile only: use --cost profile:PATH")
+    if speed_source == "probe" and reference_probe is None:
+        raise ValueError("speed source 'probe' needs the profile's speed probe")
     base = engine or LLMEngine(config)
     points = points_of(reference_probe) if reference_probe is not None else None
     runs = [_replay(base, config, trace, points) for _ in range(replays)]
-    speeds = tuple(speed_factor(run.probe, reference_probe) for run in runs if run.probe and reference_probe)
+    by_source: dict[str, tuple[float, ...]] = {}
+    if isinstance(cost, ProfileCost):
+        by_source["steps"] = tuple(step_speed(cost, run.steps) for run in runs)
+    if reference_probe is not None:
+        by_source["probe"] = tuple(speed_factor(run.probe, reference_probe) for run in runs if run.probe)
+    speeds = by_source.get(speed_source, ())
     costs = [cost.at_speed(speed) for speed in speeds] if isinstance(cost, ProfileCost) and speeds else [cost] * replays
     scheduler = runs[0].scheduler_config
     results = [simulate(trace, make_scheduler(config.scheduler_kind, scheduler), c) for c in costs]
@@ -152,8 +172,18 @@ def validate(
     return Validation(
         trace, rows, runs[middle].timelines, shown.timelines, runs[middle].summary, shown.summary(),
         predicted_error_stats(prices, steps), tuple(steps), measured_values, predicted_values, speeds,
-        _by_batch(prices, steps),
+        speed_source, by_source, _by_batch(prices, steps),
     )  # fmt: skip
+
+
+def step_speed(cost: ProfileCost, steps: list[StepSample]) -> float:
+    """The machine's speed during a replay against calibration, from its own engine steps: their
+    total measured cycle time over the profile's price of the same steps at calibration speed
+    (1.0 without steps)."""
+    calibrated = cost.at_speed(1.0)
+    priced = sum(calibrated.step_time(step.to_output()) for step in steps) * 1000.0
+    measured = sum(step.ms for step in steps)
+    return measured / priced if steps and priced > 0 else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +293,7 @@ def format_validation(validation: Validation) -> str:
         text.append("step error on total time, by kind (steps): " + format_by_batch(validation.step_error_by_batch))
     if validation.speeds:
         found = ", ".join(f"x{speed:.3f}" for speed in validation.speeds)
-        text.append(f"machine speed probe (step times against calibration), per replay: {found}")
+        text.append(f"machine speed ({validation.speed_source}; step times against calibration), per replay: {found}")
     else:
-        text.append("no speed probe: predicted at the speed of the calibration run")
+        text.append("predicted at the speed of the calibration run")
     return "\n".join(text)

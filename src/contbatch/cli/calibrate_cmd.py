@@ -8,8 +8,10 @@ engine, and the simulator's prediction error against the engine on a trace.
 - `validate --model DIR|demo --profile profile.json --trace T`: runs T on the engine in real
   time, then in the simulator with the profile and the engine's scheduler config, and prints
   predicted against measured per metric with the relative error (`--json`, `--plot DIR`). Each
-  replay is predicted at the machine speed the profile's probe finds around it
-  (`contbatch.calibrate.probe`; `--no-speed-probe`: at the calibration run's speed).
+  replay is predicted at the machine speed during it (`--speed-source`: `steps`, the default,
+  from its own engine steps; `probe`, the profile's probe timed around it; `calibration`).
+- `validate --observed obs.jsonl --profile profile.json`: the same comparison against runs of a
+  server observed from the outside (`contbatch observe`, `contbatch fit`; `contbatch.cli.observe_cmd`).
 
 Torch threads: `calibrate --threads N` (default: torch's current setting) is recorded in the
 profile; `validate` uses the profile's unless told otherwise. Bad input (flags, profile file,
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from contbatch.cli.engine_cmd import add_engine_flags, engine_config
+from contbatch.cli.observe_cmd import add_observed_flags, run_observed_validate
 from contbatch.cli.options import UsageError
 from contbatch.sim.cost import CostSpecError
 from contbatch.traces import TraceError, load_trace
@@ -74,16 +77,20 @@ def add_calibrate_parsers(commands: Any) -> None:
         "and the same scheduler config; print predicted against measured per metric with the relative error.",
     )
     validate.add_argument("--profile", required=True, type=Path, help="a profile written by contbatch calibrate")
-    validate.add_argument("--trace", required=True, help="a built-in trace or a .jsonl/.csv file (seconds)")
+    validate.add_argument("--trace", help="a built-in trace or a .jsonl/.csv file (seconds); needed without --observed")
     validate.add_argument("--scheduler", default="continuous", help="continuous (default) or static")
     validate.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
     validate.add_argument("--replays", type=int, default=1,
                           help="engine replays of the trace; a row is the replay of median error (1)")  # fmt: skip
+    validate.add_argument("--speed-source", choices=("steps", "probe", "calibration"), default="steps",
+                          help="each replay's machine speed: from its own engine steps (default), from the "
+                          "profile's speed probe timed around it, or the calibration run's")  # fmt: skip
     validate.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
-                          help="predict at the calibration run's speed instead of the speed the profile's "
-                          "probe finds around each replay")  # fmt: skip
+                          help="predict at the reference speed (the calibration run's; --observed: the fit's), "
+                          "as --speed-source calibration")  # fmt: skip
     validate.add_argument("--json", action="store_true", help="print the comparison as JSON")
     validate.add_argument("--plot", type=Path, metavar="DIR", help="write the measured and predicted CDFs here")
+    add_observed_flags(validate)
     _shared_flags(validate)
 
 
@@ -203,7 +210,11 @@ def _load_profile(path: Path, threads: int | None) -> tuple[Any, dict[str, Any]]
 
 
 def run_validate_command(args: argparse.Namespace) -> int:
+    if args.observed:
+        return run_observed_validate(args)
     try:
+        if args.trace is None:
+            raise UsageError("--trace is required (or --observed FILE to validate against an observed server)")
         cost, document = _load_profile(args.profile, args.threads)
         trace = load_trace(args.trace, time_unit="s")
         config = _engine_config(args, args.scheduler)
@@ -222,8 +233,9 @@ def run_validate_command(args: argparse.Namespace) -> int:
     if document["threads_used"] is not None:
         torch.set_num_threads(document["threads_used"])
     try:
-        probe = reference_probe(document) if args.speed_probe else None
-        result = validate(config, cost, trace, replays=args.replays, reference_probe=probe)
+        source = args.speed_source if args.speed_probe else "calibration"
+        probe = reference_probe(document) if source == "probe" else None
+        result = validate(config, cost, trace, replays=args.replays, reference_probe=probe, speed_source=source)
     except _bad_input(ValueError) as exc:
         print(f"contbatch validate: error: {exc}", file=sys.stderr)
         return 2
