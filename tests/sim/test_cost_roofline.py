@@ -225,3 +225,43 @@ def test_a_simulation_with_the_roofline_and_a_sized_kv_cache() -> None:
     assert result.time_unit == "s"
     assert all(t.finish_reason is not None for t in result.timelines)
     assert 0 < result.busy_time < 60
+
+
+def test_attention_pairs_equal_the_float_sum_in_chunk_order() -> None:
+    """The integer sum of (query, key) pairs gives the float the per-chunk float sum gives, below
+    2**53 and above it (then it is that sum), and the logit rows count each sampling chunk."""
+    import random
+
+    from contbatch.sim.costs.roofline import _attention_and_logits
+
+    def reference(step: SchedulerOutput) -> tuple[float, int]:
+        attended, listed, logits = 0.0, 0, step.num_padding_tokens + step.num_omitted_decodes
+        for c in step.chunks:
+            k = c.num_new_tokens
+            attended += k * c.start + k * (k + 1) / 2
+            listed += c.start + k
+            if c.samples:
+                logits += 1 if c.is_prefill else k
+        if step.num_omitted_decodes:
+            attended += step.num_context_tokens - listed
+        return attended, logits
+
+    rng = random.Random(7)
+    for trial in range(300):
+        scale = 1 << rng.choice((4, 12, 20, 40, 52, 60))  # the last ones cross 2**53
+        sizes = (1, 1, 1, 2, 7, 2048)
+        chunks = [
+            ScheduledChunk(f"r{i}", rng.randrange(scale), rng.choice(sizes), rng.random() < 0.3, rng.random() < 0.8)
+            for i in range(rng.randrange(1, 60))
+        ]
+        step = build_output(trial, chunks, num_padding_tokens=rng.randrange(3))
+        if trial % 3 == 0:  # a decode run's arrival step: steady decodes left out of the chunks
+            omitted = rng.randrange(1, 40)
+            step = dataclasses.replace(
+                step,
+                num_batched_tokens=step.num_batched_tokens + omitted,
+                num_decode_tokens=step.num_decode_tokens + omitted,
+                num_context_tokens=step.num_context_tokens + omitted * rng.randrange(1, scale),
+                num_omitted_decodes=omitted,
+            )
+        assert _attention_and_logits(step) == reference(step)

@@ -53,38 +53,54 @@ class SchedulerBase(ABC):
     def schedule(self, now: float) -> SchedulerOutput: ...
 
     def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
-        """Apply a step's result at `now` (the step's end); return the requests it finished."""
+        """Apply a step's result at `now` (the step's end); return the requests it finished.
+
+        O(1) per chunk. A steady decode (one token sampled at the sequence end, with no block
+        caching or service charge to keep) is `_apply_chunk`'s case inlined: the hot path, run
+        for nearly every running request every step."""
         done: list[Request] = []
+        requests = self.requests
+        sampled = result.sampled_token_ids
+        running = RequestStatus.RUNNING
+        # block caching and service charges, checked once per step rather than per chunk
+        plain = not self.waiting.charges_service and not (
+            self.memory is not None and self.memory.config.enable_prefix_caching
+        )
         for chunk in out.chunks:
-            request = self.requests.get(chunk.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            rid, start, num_new, is_prefill, samples = chunk
+            request = requests.get(rid)
+            if request is None or request.status is not running:
                 # finished (cancelled) while its step ran (its id may even be reused): whatever the
                 # step generated for it reaches nobody
-                self.stats.num_unsent_tokens += len(result.sampled_token_ids.get(chunk.request_id, ()))
+                self.stats.num_unsent_tokens += len(sampled.get(rid, ()))
                 continue
-            if chunk.is_prefill:
-                self._advance_prefill(request, chunk)
-            if chunk.samples:
-                self._apply_sample(request, chunk, result, now, done)
+            if is_prefill or num_new != 1 or not samples or not plain:
+                self._apply_chunk(request, chunk, result, now, done)
+                continue
+            token_ids = sampled.get(rid)
+            if not token_ids:
+                raise ValueError(f"step {rid!r}: the step result holds no sampled token for it")
+            request.num_computed_tokens = start + 1
+            room = request.max_output_tokens - request.num_output_tokens
+            request.append_output(tuple(token_ids[:room]) if len(token_ids) > room else tuple(token_ids), now)
+            if request.num_output_tokens >= request.max_output_tokens:
+                self._end_at_limit(request, result, now, done)
         self._apply_executor_finishes(out, result, now, done)
         if done:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status is running]
         return done
 
-    def _advance_prefill(self, request: Request, chunk: ScheduledChunk) -> None:
-        end = chunk.start + chunk.num_new_tokens
-        if request.recompute_until > chunk.start:
-            self.stats.num_recomputed_tokens += min(end, request.recompute_until) - chunk.start
-        request.num_computed_tokens = end
-        self._cache_blocks(request)
-
-    def _cache_blocks(self, request: Request) -> None:
-        if self.memory is not None and self.memory.config.enable_prefix_caching:
-            self.memory.cache_computed_blocks(request)
-
-    def _apply_sample(
+    def _apply_chunk(
         self, request: Request, chunk: ScheduledChunk, result: StepResult, now: float, done: list[Request]
     ) -> None:
+        """A running request's chunk: a prefill advances the computed tokens (and caches the full
+        blocks); a chunk that samples appends the sampled tokens (cut at the output limit), a
+        decode first advancing the computed tokens by the accepted ones, then caching its blocks;
+        the service is charged when the queue order prices it."""
+        if chunk.is_prefill:
+            self._advance_prefill(request, chunk)
+        if not chunk.samples:
+            return
         token_ids = result.sampled_token_ids.get(chunk.request_id)
         if not token_ids:
             raise ValueError(f"step {chunk.request_id!r}: the step result holds no sampled token for it")
@@ -100,11 +116,27 @@ class SchedulerBase(ABC):
             self._cache_blocks(request)
         if self.waiting.charges_service:
             self.waiting.charge(request, len(kept))
-        if result.finished and chunk.request_id in result.finished:
-            return  # the executor's reason (stop, error) wins over length
         if request.num_output_tokens >= request.max_output_tokens:
-            self._finish(request, FinishReason.LENGTH, now)
-            done.append(request)
+            self._end_at_limit(request, result, now, done)
+
+    def _end_at_limit(self, request: Request, result: StepResult, now: float, done: list[Request]) -> None:
+        """`request` reached its output limit: it finishes with LENGTH, unless the executor
+        finished it in the same step (its reason, stop or error, wins over length)."""
+        if result.finished and request.request_id in result.finished:
+            return
+        self._finish(request, FinishReason.LENGTH, now)
+        done.append(request)
+
+    def _advance_prefill(self, request: Request, chunk: ScheduledChunk) -> None:
+        end = chunk.start + chunk.num_new_tokens
+        if request.recompute_until > chunk.start:
+            self.stats.num_recomputed_tokens += min(end, request.recompute_until) - chunk.start
+        request.num_computed_tokens = end
+        self._cache_blocks(request)
+
+    def _cache_blocks(self, request: Request) -> None:
+        if self.memory is not None and self.memory.config.enable_prefix_caching:
+            self.memory.cache_computed_blocks(request)
 
     def _advance_decode(self, request: Request, chunk: ScheduledChunk, num_sampled: int) -> None:
         """A decode chunk feeds the newest token plus drafts; `num_sampled` - 1 drafts were
@@ -122,7 +154,7 @@ class SchedulerBase(ABC):
     ) -> None:
         if not result.finished:
             return
-        step_ids = {c.request_id for c in out.chunks}
+        step_ids = {c[0] for c in out.chunks}  # (c[0]: the request id)
         for request_id, reason in result.finished.items():
             if request_id not in step_ids:
                 raise ValueError(f"step {out.step_id}: the executor finished {request_id!r}, which was not in the step")

@@ -20,7 +20,7 @@ keeps every sampled token of a request that goes on running.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
@@ -116,7 +116,7 @@ class SchedulerOutput:
 
 def build_output(
     step_id: int,
-    chunks: list[ScheduledChunk],
+    chunks: Iterable[ScheduledChunk],
     *,
     num_padding_tokens: int = 0,
     preempted_ids: tuple[str, ...] = (),
@@ -127,15 +127,17 @@ def build_output(
     block_deltas: tuple[BlockDelta, ...] = (),
 ) -> SchedulerOutput:
     """A `SchedulerOutput` whose totals are derived from `chunks` (so they cannot disagree)."""
-    batched = prefill = context = 0
-    for c in chunks:
-        batched += c.num_new_tokens
-        context += c.start + c.num_new_tokens
-        if c.is_prefill:
-            prefill += c.num_new_tokens
+    listed = tuple(chunks)
+    batched = prefill = starts = 0
+    for _, start, num_new, is_prefill, _ in listed:
+        batched += num_new
+        starts += start
+        if is_prefill:
+            prefill += num_new
+    context = starts + batched
     return SchedulerOutput(
         step_id=step_id,
-        chunks=tuple(chunks),
+        chunks=listed,
         num_batched_tokens=batched,
         num_prefill_tokens=prefill,
         num_decode_tokens=batched - prefill,
@@ -145,7 +147,7 @@ def build_output(
         finished_ids=finished_ids,
         swapped_out=swapped_out,
         swapped_in=swapped_in,
-        num_requests=len(chunks),
+        num_requests=len(listed),
         new_requests=new_requests,
         block_deltas=block_deltas,
     )

@@ -185,6 +185,7 @@ class Request:
         self.timeline.record_token_run(ts_list)
 
     def append_output(self, token_ids: tuple[int, ...], now: float) -> None:
+        num_tokens = len(token_ids)
         self.output_token_ids.extend(token_ids)
-        self.num_output_tokens += len(token_ids)
-        self.timeline.record_tokens(now, len(token_ids))
+        self.num_output_tokens += num_tokens
+        self.timeline.record_tokens(now, num_tokens)

@@ -46,6 +46,8 @@ from contbatch.core.status import FinishReason, RequestStatus
 from contbatch.core.step import StepBuilder
 from contbatch.core.victims import choose_victim
 
+_new_chunk = tuple.__new__  # ScheduledChunk(...) without its Python-level __new__ (the per-request hot path)
+
 
 class ContinuousScheduler(Admission):
     name = "continuous"
@@ -139,30 +141,40 @@ class ContinuousScheduler(Admission):
 
     # -- running requests --------------------------------------------------------------------
     def _schedule_running(self, step: StepBuilder, now: float, *, prefills: bool | None) -> None:
-        # steady decoding (one token at the end of the sequence) skips the general planner: this
-        # loop runs for every running request every step
-        fast = self.config.sample_on_prefill and not self.config.num_speculative_tokens
-        fast = fast and self.config.lifecycle.output_credits is None and prefills is None
+        # steady decoding (one token at the end of the sequence, its block already held) skips the
+        # general planner and the memory layer: this loop runs for every running request every step
+        config = self.config
+        fast = config.sample_on_prefill and not config.num_speculative_tokens
+        fast = fast and config.lifecycle.output_credits is None and prefills is None
         budget = step.budget
+        chunks = step.chunks
+        running = RequestStatus.RUNNING
         for request in list(self.running):  # a copy: preemption edits self.running
-            if not budget.remaining:
+            remaining = budget.remaining
+            if not remaining:
                 break
-            if request.status is not RequestStatus.RUNNING or request.request_id in step.chunks:
+            rid = request.request_id
+            if request.status is not running or rid in chunks:
                 continue
             start = request.num_computed_tokens
-            if fast and start >= request.num_prompt_tokens and start == request.num_known_tokens - 1:
-                chunk: ScheduledChunk | None = ScheduledChunk(request.request_id, start, 1, False, True)
+            prompt = request.num_prompt_tokens
+            if fast and start >= prompt and start == prompt + request.num_output_tokens - 1:
+                if request.kv_capacity > start:  # its next token's block is held: nothing to reserve
+                    budget.remaining = remaining - 1
+                    chunks[rid] = _new_chunk(ScheduledChunk, (rid, start, 1, False, True))
+                    continue
+                chunk: ScheduledChunk | None = ScheduledChunk(rid, start, 1, False, True)
             else:
                 chunk = self._plan(request, step)
             if chunk is None:
-                if request.num_unsent_tokens and self.config.lifecycle.output_credits is not None:
+                if request.num_unsent_tokens and config.lifecycle.output_credits is not None:
                     request.pause(now)  # its client has not read: no credits left
                 continue
             if prefills is not None and chunk.is_prefill != prefills:
                 continue
             if request.kv_capacity >= start + chunk.num_new_tokens or self._reserve_memory(request, chunk, step, now):
                 budget.remaining -= chunk.num_new_tokens  # planned within the remaining budget
-                step.chunks[request.request_id] = chunk
+                chunks[rid] = chunk
 
     def _reserve_decodes(self, step: StepBuilder, now: float) -> None:
         """prefill_first: the running decodes take their blocks before admission (preempting if

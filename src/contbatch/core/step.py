@@ -57,7 +57,7 @@ class StepBuilder:
     ) -> SchedulerOutput:
         return build_output(
             step_id,
-            list(self.chunks.values()),
+            self.chunks.values(),
             num_padding_tokens=num_padding_tokens,
             preempted_ids=tuple(self.preempted_ids),
             finished_ids=finished_ids,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, MutableMapping
+from types import MappingProxyType
 
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, StepResult
 from contbatch.core.status import FinishReason
@@ -38,9 +39,10 @@ class SimExecutor:
         return self._remaining
 
     def execute(self, out: SchedulerOutput) -> StepResult:
-        return sample_counting_down(
-            out, self._remaining, DUMMY_TOKEN_ID, lambda chunk: self._accepted(chunk.num_new_tokens - 1) + 1
-        )
+        return sample_counting_down(out, self._remaining, DUMMY_TOKEN_ID, self._decode_tokens)
+
+    def _decode_tokens(self, chunk: ScheduledChunk) -> int:
+        return self._accepted(chunk.num_new_tokens - 1) + 1
 
     def _accepted(self, num_drafts: int) -> int:
         if num_drafts == 0 or self._acceptance_rate == 1.0:
@@ -59,20 +61,24 @@ def sample_counting_down(
     decode_tokens: Callable[[ScheduledChunk], int],
 ) -> StepResult:
     """A step's result without a model: every sampling chunk yields `token_id`s, one for a
-    prefill chunk, `decode_tokens(chunk)` for a decode chunk (called in chunk order); a request
-    with a countdown gets at most what it has left, and STOP when that reaches 0."""
+    prefill chunk or a one-token decode, `decode_tokens(chunk)` for a decode chunk with drafts
+    (called in chunk order); a request with a countdown gets at most what it has left, and STOP
+    when that reaches 0. (`decode_tokens` of a one-token decode must be 1: it is not called.)"""
     sampled: dict[str, tuple[int, ...]] = {}
     finished: dict[str, FinishReason] = {}
+    one = (token_id,)  # shared by every one-token sample (tuples are immutable)
+    get_countdown = countdowns.get
     for chunk in out.chunks:
-        if not chunk.samples:
+        rid, _, num_new, is_prefill, samples = chunk
+        if not samples:
             continue
-        rid = chunk.request_id
-        num_tokens = 1 if chunk.is_prefill else decode_tokens(chunk)
-        remaining = countdowns.get(rid)
+        num_tokens = 1 if is_prefill or num_new == 1 else decode_tokens(chunk)
+        remaining = get_countdown(rid)
         if remaining is not None:
             num_tokens = min(num_tokens, remaining)
             countdowns[rid] = remaining - num_tokens
             if remaining == num_tokens:
                 finished[rid] = FinishReason.STOP
-        sampled[rid] = (token_id,) * num_tokens
-    return StepResult(sampled_token_ids=sampled, finished=finished)
+        sampled[rid] = one if num_tokens == 1 else one * num_tokens
+    # handed over without a copy: nothing else holds these dicts
+    return StepResult(sampled_token_ids=MappingProxyType(sampled), finished=MappingProxyType(finished))

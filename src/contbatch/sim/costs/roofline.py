@@ -52,7 +52,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from contbatch.core.outputs import SchedulerOutput
+from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
 from contbatch.sim.costs.errors import CostSpecError, check_int, check_number
 from contbatch.sim.costs.router import ExpertLoadStats, ExpertLoadSummary, ExpertRouter, imbalance
 from contbatch.sim.costs.specs import GIB, DeviceSpec, ModelShape
@@ -329,24 +329,43 @@ class RooflineCost:
 def _attention_and_logits(out: SchedulerOutput) -> tuple[float, int]:
     """(query, key) pairs attention computes and positions the LM head computes.
 
-    Steady decodes a step shape leaves out of its chunks (a decode run's, `contbatch.sim.decode_run`)
-    are priced from the totals: each attends to its context and samples one token, which is
-    exact for them. A shape without chunks is all such decodes.
+    A chunk of k tokens from position s attends to k * s + k * (k + 1) / 2 pairs and, when it
+    samples, computes 1 logit row (a prefill) or k (a decode). Steady decodes a step shape leaves
+    out of its chunks (a decode run's, `contbatch.sim.decode_run`) are priced from the totals:
+    each attends to its context and samples one token, which is exact for them. A shape without
+    chunks is all such decodes.
+
+    The pairs are summed in integers: every term is a non-negative integer, so while the total is
+    below 2**53 each partial sum of the float sum in chunk order is exact, and the integer sum
+    converts to the same float (above that, that float sum itself).
     """
     if not out.chunks:
         return float(out.num_context_tokens), out.num_decode_tokens + out.num_padding_tokens
-    attended = 0.0
-    listed_context = 0
+    pairs = 0
     logits = out.num_padding_tokens + out.num_omitted_decodes
-    for c in out.chunks:
+    for _, start, k, is_prefill, samples in out.chunks:
+        if k == 1:  # a decode, or a one-token prefill chunk
+            pairs += start + 1
+            logits += samples
+        else:
+            pairs += k * start + k * (k + 1) // 2
+            if samples:
+                logits += 1 if is_prefill else k
+    attended = float(pairs) if pairs < _EXACT else _float_pairs(out.chunks)
+    if out.num_omitted_decodes:
+        attended += out.num_context_tokens - sum(c.start + c.num_new_tokens for c in out.chunks)
+    return attended, logits
+
+
+_EXACT = 1 << 53  # integers below this are exact as floats
+
+
+def _float_pairs(chunks: tuple[ScheduledChunk, ...]) -> float:
+    attended = 0.0
+    for c in chunks:
         k = c.num_new_tokens
         attended += k * c.start + k * (k + 1) / 2
-        listed_context += c.start + k
-        if c.samples:
-            logits += 1 if c.is_prefill else k
-    if out.num_omitted_decodes:
-        attended += out.num_context_tokens - listed_context
-    return attended, logits
+    return attended
 
 
 def kv_blocks(
