@@ -9,27 +9,35 @@ TTFT per 100,000-request slice is reported to show it). The fleet: `--replicas` 
 KV blocks of 16 tokens) behind `least_outstanding`, streaming mode (one compact row per
 request), decode runs on (`contbatch.sim.cluster_runs`; `--no-runs` steps every step).
 
-Reported: `build_s` (the trace), `sim_s` (the simulation), `summary_s` (every metric), `cpu_s`
-(the whole process: interpreter, imports, trace, simulation, summary), peak RSS, steps, and the
-simulated requests per second. Each run is a fresh process. Writes JSON (--json-out).
+Reported: `build_s` (the trace), `sim_s` (the simulation, wall time), `sim_cpu_s` (its CPU time:
+steadier than `sim_s` on a shared machine), `summary_s` (every metric), `cpu_s` (the whole
+process: interpreter, imports, trace, simulation, summary), peak RSS, steps, and the simulated
+requests per second. Each run is a fresh process. With --baseline REF the same run follows on the
+code of git commit REF (exported to a temporary folder and imported from there), reported as
+`baseline_*` with `baseline_sim_cpu_speedup` (its simulation CPU time over ours) and
+`same_results` (equal steps, completions and latency figures). Writes JSON (--json-out).
 
     .venv/bin/python benchmarks/cluster_speed.py                    # 1,000,000 requests
     .venv/bin/python benchmarks/cluster_speed.py --requests 100000 --no-runs
+    .venv/bin/python benchmarks/cluster_speed.py --requests 100000 --baseline HEAD
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 TTFT_SLICE = 100_000  # requests per slice of the TTFT-over-time check
+SAME = ("steps", "completed", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_ttft_ms_by_slice")
 
 
 def tiled_trace(num_requests: int, rate: float) -> Any:
@@ -67,7 +75,9 @@ def run_one(num_requests: int, rate: float, replicas: int, runs: bool) -> dict[s
     trace = tiled_trace(num_requests, rate)
     built = time.perf_counter()
     fleet = aggregated(parse_cost("roofline:llama-2-7b@a100"), PRESETS["engine"], replicas)
+    cpu_start = time.process_time()
     result = simulate_cluster(trace, fleet, keep_timelines=False, decode_runs=runs)
+    sim_cpu = time.process_time() - cpu_start
     simulated = time.perf_counter()
     summary = result.summary()
     summarized = time.perf_counter()
@@ -84,6 +94,7 @@ def run_one(num_requests: int, rate: float, replicas: int, runs: bool) -> dict[s
         "steps": sum(r.num_steps for r in result.replicas),
         "build_s": built - start,
         "sim_s": simulated - built,
+        "sim_cpu_s": sim_cpu,
         "summary_s": summarized - simulated,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "requests_per_s": num_requests / (simulated - built),
@@ -102,6 +113,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=16 * 8819 / 3436.3, help="req/s (default 16 x azure-code's)")
     parser.add_argument("--replicas", type=int, default=16)
     parser.add_argument("--no-runs", action="store_true", help="step every step (no decode runs)")
+    parser.add_argument("--baseline", metavar="REF", help="then run the same on the code of this git commit")
     parser.add_argument("--in-process", action="store_true", help="(internal) run here and print JSON")
     parser.add_argument("--json-out", default="cluster_speed.json")
     args = parser.parse_args()
@@ -110,12 +122,30 @@ def main() -> None:
         return
     cmd = [sys.executable, __file__, "--in-process", "--requests", str(args.requests), "--rate", str(args.rate),
            "--replicas", str(args.replicas), *(["--no-runs"] if args.no_runs else [])]  # fmt: skip
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    result = json.loads(out.strip().splitlines()[-1])
+    result = _run(cmd, None)
+    if args.baseline:
+        with tempfile.TemporaryDirectory() as tmp:
+            export = subprocess.run(["git", "archive", args.baseline, "src"], check=True, capture_output=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=export.stdout, check=True)
+            baseline = _run(cmd, Path(tmp) / "src")
+        result["baseline"] = args.baseline
+        for key in ("sim_s", "sim_cpu_s", "cpu_s", "peak_rss_mb"):
+            result[f"baseline_{key}"] = baseline[key]
+        result["baseline_sim_cpu_speedup"] = baseline["sim_cpu_s"] / result["sim_cpu_s"]
+        result["same_results"] = all(baseline[key] == result[key] for key in SAME)
     result["machine"] = f"{platform.processor() or platform.machine()}, Python {platform.python_version()}"
     for key, value in result.items():
         print(f"{key:>24}: {value}")
     Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _run(cmd: list[str], src: Path | None) -> dict[str, Any]:
+    """One fresh process: on the checkout's code, or on `src` (a `src` folder) when given."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

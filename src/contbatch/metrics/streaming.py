@@ -11,11 +11,10 @@ latency is filtered by `summarize_rows` itself).
 
 from __future__ import annotations
 
-import dataclasses
 from array import array
 
 from contbatch.core.timeline import Timeline
-from contbatch.metrics.request import RequestMetrics, request_metrics
+from contbatch.metrics.request import RequestMetrics, itls, request_metrics
 from contbatch.metrics.summary import SLO, summarize_rows
 
 
@@ -30,11 +29,12 @@ class StreamingSummary:
 
     def add(self, timeline: Timeline) -> None:
         """Fold one finished timeline (ValueError if it has not finished)."""
-        m = request_metrics(timeline)
+        m = request_metrics(timeline, with_itls=False)
         if m.ran:  # the latency rule of `summarize`: a request that did not run has no gaps to pool
-            self._itl_per_emission.extend(m.itl_per_emission)
-            self._itl_per_token.extend(m.itl_per_token)
-        self.rows.append(dataclasses.replace(m, itl_per_emission=(), itl_per_token=()))
+            per_emission, per_token = itls(timeline)
+            self._itl_per_emission.extend(per_emission)
+            self._itl_per_token.extend(per_token)
+        self.rows.append(m)
 
     def summary(
         self, *, time_unit: str, padding_tokens: int = 0, unsent_tokens: int = 0, slo: SLO | None = None

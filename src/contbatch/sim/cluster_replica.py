@@ -116,9 +116,15 @@ class Replica:
     def collect(self, done: list[Request]) -> list[Request]:
         """`done` (known ended) plus any other request that ended unseen, each once, out of `live`."""
         live = self.live
-        ended = [r for r in done if live.pop(r.request_id, None) is not None]
-        if len(live) != self.scheduler.num_unfinished:
-            others = [r for r in live.values() if r.is_finished]
+        ended = [r for r in done if live.pop(r.request_id, None) is not None] if done else []
+        unseen = len(live) - self.scheduler.num_unfinished  # (live holds the unfinished ones)
+        if unseen:
+            others = []
+            for request in live.values():  # in the order they came (the oldest tend to end first)
+                if request.is_finished:
+                    others.append(request)
+                    if len(others) == unseen:
+                        break
             for request in others:
                 del live[request.request_id]
             ended += others

@@ -122,7 +122,7 @@ class ReplicaRun:
         """Plan the next steps, from `now`: one with the waiting requests admitted into it, or a
         segment of decodes; the last one's end, or None when the run cannot go on (close it)."""
         run = self.run
-        room = MAX_RUN_STEPS - self.num_steps
+        room = MAX_RUN_STEPS - len(run.step_ts)
         if room <= 0:
             return None
         self.start_ts = now
@@ -141,12 +141,13 @@ class ReplicaRun:
         self._segment, self._admitting = segment, None
         self.num_running = run.num_alive
         price = self.prices(segment.num_decodes, segment.num_padding)
-        step_id, context, n = run.first_step_id + self.num_steps, segment.first_context, segment.num_decodes
-        ends = []
+        step_id, context, n = run.first_step_id + len(run.step_ts), segment.first_context, segment.num_decodes
+        ends: list[float] = []
+        append = ends.append
         ts = now
         for i in range(len(segment.blocks_in_use)):
             ts += price(step_id + i, context + i * n)
-            ends.append(ts)
+            append(ts)
         self._ends, self._used = ends, segment.blocks_in_use
         return ts
 
@@ -163,14 +164,27 @@ class ReplicaRun:
         self._ends, self._used = [], []
 
     def _add_totals(self, totals: StepTotals, count: int) -> None:
-        """Count the first `count` planned steps, one by one, in order (as stepping sums them)."""
+        """Count the first `count` planned steps, one by one, in order (the sums `add_step`
+        makes, step by step: equal floats)."""
+        if not count:
+            return
         padding = self._admitting.num_padding_tokens if self._admitting is not None else 0
         if self._segment is not None:
             padding = self._segment.num_padding
         start, total = self.start_ts, self.total_blocks
-        for end, used in zip(self._ends[:count], self._used[:count], strict=True):
-            totals.add_step(end - start, padding, used / total)
+        busy, area = totals.busy_time, totals.kv_area
+        ends, used = self._ends, self._used
+        for i in range(count):
+            end = ends[i]
+            took = end - start
+            busy += took
+            area += used[i] / total * took
             start = end
+        totals.busy_time, totals.kv_area = busy, area
+        # (dividing by the same positive number keeps the order: the largest usage is the largest's)
+        totals.kv_max = max(totals.kv_max, max(used[:count]) / total)
+        totals.num_steps += count
+        totals.num_padding_tokens += padding * count
 
     def cut(self, now: float, totals: StepTotals) -> float | None:
         """A request joins at the next step boundary after `now`: take the planned steps ended by
