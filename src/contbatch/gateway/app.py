@@ -29,7 +29,6 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -42,6 +41,7 @@ from contbatch.gateway.monitor import Monitor
 from contbatch.gateway.proxy import Gateway, ProxyCall
 from contbatch.routing import WorkPricer
 from contbatch.server.auth import Gate, request_tenant
+from contbatch.server.errors import add_error_handlers
 from contbatch.server.protocol import APIError, parse_json_object
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def create_gateway_app(config: GatewayConfig, *, pricer: WorkPricer | None = Non
     app.state.gateway = gateway
     app.add_middleware(Gate, keys=config.api_keys)
     app.add_middleware(ErrorCounter, count=gateway.metrics.count_http_error)  # outermost: sees the Gate's too
-    _add_error_handlers(app)
+    add_error_handlers(app, log)
     _add_routes(app, gateway)
     return app
 
@@ -101,34 +101,6 @@ class ErrorCounter:
             await send(message)
 
         await self.app(scope, receive, counting)
-
-
-def _error(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, APIError)
-        return _error(exc)
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}"
-        elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
-        else:
-            message = str(exc.detail)
-        return _error(APIError(exc.status_code, message, headers=exc.headers))
-
-    async def on_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return _error(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
-
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_error)
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None) -> bytes:

@@ -26,7 +26,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -34,8 +33,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from contbatch.server.admission import TokenizerPool
 from contbatch.server.auth import Gate
 from contbatch.server.client import EngineClient
+from contbatch.server.errors import add_error_handlers, error_response
 from contbatch.server.protocol import APIError
-from contbatch.server.serving import ServerConfig, error_response, generate
+from contbatch.server.serving import ServerConfig, generate
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def create_app(client: EngineClient, config: ServerConfig | None = None) -> Fast
     )
     app.add_middleware(Gate, keys=config.api_keys)  # 401 (API keys), 415 (not JSON), 429 (key quotas)
     app.add_middleware(ErrorCounter, count=client.count_http_error)  # outermost: sees the Gate's answers too
-    _add_error_handlers(app)
+    add_error_handlers(app, log)
     _add_routes(app, client)
     return app
 
@@ -84,30 +84,6 @@ class ErrorCounter:
             await send(message)
 
         await self.app(scope, receive, counting)
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, APIError)
-        return error_response(exc)
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}"
-        elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
-        else:
-            message = str(exc.detail)
-        return error_response(APIError(exc.status_code, message, headers=exc.headers))
-
-    async def on_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
-
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_error)
 
 
 def _add_routes(app: FastAPI, client: EngineClient) -> None:

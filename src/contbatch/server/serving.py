@@ -32,6 +32,7 @@ from contbatch.server.auth import KeyPolicy, request_priority, request_tenant
 from contbatch.server.choices import Choices, choice_submissions
 from contbatch.server.client import EngineClient, ModelInfo, RequestStream
 from contbatch.server.driver import DELIVERY_FAILED, DriverClosed
+from contbatch.server.errors import error_response
 from contbatch.server.formats import (
     DONE,
     SUCCESS,
@@ -73,10 +74,6 @@ class ServerConfig:
     tokenizer_queue: int = 64  # long prompts admitted to them at once (running or queued); more: 503
     trust_tenant_header: bool = False  # honour X-Tenant (else the tenant is the API key's, or none)
     api_keys: Mapping[str, KeyPolicy] | None = None  # key -> policy; None: no key needed (`auth`)
-
-
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 class SSEResponse(StreamingResponse):
