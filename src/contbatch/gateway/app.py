@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
@@ -31,7 +31,6 @@ from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contbatch.gateway.balancer import Balancer
 from contbatch.gateway.config import GatewayConfig
@@ -41,7 +40,7 @@ from contbatch.gateway.monitor import Monitor
 from contbatch.gateway.proxy import Gateway, ProxyCall
 from contbatch.routing import WorkPricer
 from contbatch.server.auth import Gate, request_tenant
-from contbatch.server.errors import add_error_handlers
+from contbatch.server.errors import ErrorCounter, add_error_handlers
 from contbatch.server.protocol import APIError, parse_json_object
 
 log = logging.getLogger(__name__)
@@ -81,26 +80,6 @@ def build_gateway(config: GatewayConfig, *, pricer: WorkPricer | None = None) ->
     upstream = {"authorization": f"Bearer {config.upstream_api_key}"} if config.upstream_api_key else {}
     monitor = Monitor(config, balancer, http, upstream)
     return Gateway(config, balancer, GatewayMetrics(balancer), monitor, http, upstream)
-
-
-class ErrorCounter:
-    """ASGI middleware: `count(status)` for every response started with a status >= 400."""
-
-    def __init__(self, app: ASGIApp, count: Callable[[int], None]) -> None:
-        self.app = app
-        self.count = count
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def counting(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                self.count(message["status"])
-            await send(message)
-
-        await self.app(scope, receive, counting)
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None) -> bytes:

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contbatch.server.admission import TokenizerPool
 from contbatch.server.auth import Gate
 from contbatch.server.client import EngineClient
-from contbatch.server.errors import add_error_handlers, error_response
+from contbatch.server.errors import ErrorCounter, add_error_handlers, error_response
 from contbatch.server.protocol import APIError
 from contbatch.server.serving import ServerConfig, generate
 
@@ -61,29 +60,6 @@ def create_app(client: EngineClient, config: ServerConfig | None = None) -> Fast
     add_error_handlers(app, log)
     _add_routes(app, client)
     return app
-
-
-class ErrorCounter:
-    """ASGI middleware: `count(status)` for every HTTP response started with a status >= 400."""
-
-    def __init__(self, app: ASGIApp, count: Callable[[int], None]) -> None:
-        self.app = app
-        self.count = count
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def counting(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                try:
-                    self.count(message["status"])
-                except Exception:  # counting must never cost a response
-                    log.exception("could not count an HTTP error")
-            await send(message)
-
-        await self.app(scope, receive, counting)
 
 
 def _add_routes(app: FastAPI, client: EngineClient) -> None:
