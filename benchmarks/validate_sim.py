@@ -14,8 +14,9 @@ One command reproduces the README's validation table and CDF plot:
 4. each trace run on the real engine in real time (`--replays` times) and in the simulator with
    the profile and the engine's own scheduler config (`contbatch.calibrate.validate`), each
    replay predicted at the machine speed during it (`--speed-source`, `SPEED_SOURCES` of
-   `contbatch.calibrate.validate`: `steps`, the default, reads it from the replay's own engine
-   steps; `probe` from the profile's speed probe timed around the replay; `calibration` is the
+   `contbatch.calibrate.validate`: `step-kinds`, the default, reads it from the replay's own
+   engine steps, decode-only steps and steps with prefill apart; `steps` one speed from all of
+   them; `probe` from the profile's speed probe timed around the replay; `calibration` is the
    calibration run's speed); one table of predicted, measured and relative error per metric,
    the same errors under every other speed source, JSON to `--json-out`, the CDFs to `--plot`.
 
@@ -29,7 +30,11 @@ seconds before and after a replay of several minutes; on this machine type the s
 within minutes, and the probe's steps are not the replay's mix, so it can miss the replay's speed
 in either direction (one independent run: the probe read x1.036 / 0.965 / 1.055 and turned
 +3.9 % on mean TTFT at 50 % load into +10.8 %). The replay's own steps are all of its steps,
-timed while it ran. Every run reports the errors under all three sources.
+timed while it ran. Why each kind apart: in the first four runs with one speed from the steps, two
+failed on TTFT at 50 % load alone, where prefill steps ran 8 % and 19 % slower against the profile
+than the replay's speed said (decode-only steps, 98 % of them, set that speed); prefill is
+compute-bound, a decode step memory-bound, and the machine's state moves them apart. Every run
+reports the errors under every source.
 
 Everything here is timed in real time on the machine it runs on: a neighbour's load during the
 run slows the engine (CPU time and memory bandwidth), not the simulator. On a shared machine the
@@ -58,7 +63,7 @@ from contbatch.calibrate import CalibrationConfig, Validation, calibrate, valida
 from contbatch.calibrate.capacity import saturation_rate, workload
 from contbatch.calibrate.probe import points_of, reference_probe, speed_factor, time_probe
 from contbatch.calibrate.profile_doc import write_profile
-from contbatch.calibrate.validate import SPEED_SOURCES, format_by_batch
+from contbatch.calibrate.validate import SPEED_SOURCES, format_by_batch, format_speeds
 from contbatch.core import make_scheduler
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.sim.costs.profile import load_profile, profile_from_document
@@ -161,12 +166,12 @@ def _errors_by_source(
     replay at that source's speed (the median of the paired replay errors, as `validate` pairs them)."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for name, v in results.items():
-        sources = {**(v.speeds_by_source or {}), "calibration": (1.0,) * len(v.replays)}
+        sources = {**(v.speeds_by_source or {}), "calibration": ((1.0, 1.0),) * len(v.replays)}
         for source, speeds in sources.items():
             predicted = []
             for speed in speeds:
                 scheduler = make_scheduler(config.scheduler_kind, engine.scheduler.config)
-                predicted.append(simulate(v.trace, scheduler, cost.at_speed(speed)).summary())
+                predicted.append(simulate(v.trace, scheduler, cost.at_speed(*speed)).summary())
             errors = {}
             for key in BOUNDS:
                 paired = sorted(
@@ -216,10 +221,7 @@ def _print_report(
     print(_table(results))
     for name, v in results.items():
         e = v.step_error
-        speeds = "; ".join(
-            f"{source} " + ", ".join(f"x{speed:.3f}" for speed in found)
-            for source, found in (v.speeds_by_source or {}).items()
-        )
+        speeds = "; ".join(f"{source} {format_speeds(found)}" for source, found in (v.speeds_by_source or {}).items())
         print(f"{name} step times ({e.num_samples} engine steps, at the {v.speed_source} speed): "
               f"predicted / measured - 1 = {100 * e.bias:+.1f}% "
               f"on average, {100 * e.total:+.1f}% on their total time, mean |error| {100 * e.mean_abs:.1f}%; "
@@ -247,8 +249,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-out", type=Path, help="also write the fresh profile here")
     parser.add_argument("--json-out", type=Path, default=Path("benchmarks/results/validate_sim.json"))
     parser.add_argument("--plot", type=Path, default=Path("docs/img"), help="where validation-cdf.png goes")
-    parser.add_argument("--speed-source", choices=SPEED_SOURCES, default="steps",
-                        help="where each replay's machine speed comes from (default: its engine steps)")  # fmt: skip
+    parser.add_argument("--speed-source", choices=SPEED_SOURCES, default="step-kinds",
+                        help="each replay's machine speed comes from (default: its engine steps by kind)")  # fmt: skip
     parser.add_argument("--nice", type=int, default=-10, help="niceness increment for this process (default -10)")
     parser.add_argument("--quiet-below", type=float, default=0.2, help="busy CPU fraction counted as quiet")
     parser.add_argument("--quiet-wait", type=float, default=90.0, help="seconds to wait for quiet per phase")

@@ -133,9 +133,12 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
     for key, row in metrics.items():
         assert row["rel_error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
         assert row["measured"] == pytest.approx((replays[0][key] + replays[1][key]) / 2)  # the median of two
-    speeds = report["machine_speed_per_replay"]  # each replay predicted at the speed of its own steps
-    assert report["machine_speed_source"] == "steps" and len(speeds) == 2 and all(0.2 < s < 5 for s in speeds)
-    assert report["machine_speed_per_replay_by_source"] == {"steps": speeds}  # no probe timed unless asked
+    speeds = report["machine_speed_per_replay"]  # each replay at the speeds of its own steps, by kind
+    assert report["machine_speed_source"] == "step-kinds" and len(speeds) == 2
+    assert all(0.2 < s < 5 for pair in speeds for s in pair)
+    by_source = report["machine_speed_per_replay_by_source"]
+    assert set(by_source) == {"step-kinds", "steps"} and by_source["step-kinds"] == speeds  # no probe unless asked
+    assert all(decode == prefill for decode, prefill in by_source["steps"])
     # the simulator is deterministic: validate's prediction is the plain simulation of the same trace
     assert simulated["results"]["continuous"]["total_output_tokens"] == report["predicted"]["total_output_tokens"]
     assert (tmp_path / "img" / "validation-trace.png").is_file()  # named after the trace
@@ -144,7 +147,7 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["machine_speed_source"] == "probe"
     by_source = report["machine_speed_per_replay_by_source"]
-    assert report["machine_speed_per_replay"] == by_source["probe"] and len(by_source["steps"]) == 1
+    assert report["machine_speed_per_replay"] == by_source["probe"] and len(by_source["step-kinds"]) == 1
     # without the probe, the prediction is the plain simulation at the profile's speed
     code = main(["validate", "--model", str(tiny_model), "--profile", str(profile), "--trace", str(trace),
                  "--kv-cache-memory", "8", "--no-speed-probe", "--json"])  # fmt: skip

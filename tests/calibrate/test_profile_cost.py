@@ -113,6 +113,23 @@ def test_speed_scales_the_whole_step_and_is_a_spec_parameter(tmp_path: Path) -> 
     for bad in ("0", "-1", "fast", "inf"):
         with pytest.raises(CostSpecError, match="speed"):
             parse_cost(f"profile:{path},speed={bad}")
+        with pytest.raises(CostSpecError, match="prefill_speed"):
+            parse_cost(f"profile:{path},prefill_speed={bad}")
+
+
+def test_prefill_speed_scales_steps_with_prefill_tokens_alone(tmp_path: Path) -> None:
+    path = _write(tmp_path, _document())
+    prefill, decode = _out(10, 3, 40, 4), _out(0, 3, 40, 3)
+    base = load_profile(path)
+    both = base.at_speed(0.8, 1.5)
+    assert both.step_time(prefill) == pytest.approx(1.5 * base.step_time(prefill))
+    assert both.step_time(decode) == pytest.approx(0.8 * base.step_time(decode))
+    spec = parse_cost(f"profile:{path},prefill_speed=2")
+    assert spec.step_time(prefill) == pytest.approx(2 * base.step_time(prefill))
+    assert spec.step_time(decode) == pytest.approx(base.step_time(decode))
+    assert both.at_speed(1.2).step_time(prefill) == pytest.approx(1.2 * base.step_time(prefill))  # one speed again
+    with pytest.raises(CostSpecError, match="prefill_speed"):
+        ProfileCost(AffineCost(), prefill_speed=0.0)
     with pytest.raises(CostSpecError, match="speed"):
         ProfileCost(AffineCost(), speed=0.0)
 
@@ -177,3 +194,20 @@ def test_step_speed_is_measured_over_priced_time_of_the_replays_own_steps(tmp_pa
     assert step_speed(cost, measured) == pytest.approx(1.1)
     assert step_speed(cost.at_speed(2.0), measured) == pytest.approx(1.1)  # against calibration, not the current speed
     assert step_speed(cost, []) == 1.0
+
+
+def test_kind_speeds_read_decode_only_and_prefill_steps_apart(tmp_path: Path) -> None:
+    """`validate`'s `step-kinds` source: `step_speed` per kind; a kind without steps takes the
+    speed of all the steps."""
+    from contbatch.calibrate.fit import StepSample
+    from contbatch.calibrate.validate import kind_speeds, step_speed
+
+    cost = load_profile(_write(tmp_path, _document()))
+    shapes = [StepSample(0, 4, 400, 4, 0.0), StepSample(64, 2, 300, 3, 0.0), StepSample(0, 8, 900, 8, 0.0)]
+    factors = [0.9, 1.3, 0.9]
+    measured = [StepSample(s.num_prefill_tokens, s.num_decode_tokens, s.num_context_tokens, s.num_requests,
+                           f * 1000.0 * cost.step_time(s.to_output()))
+                for s, f in zip(shapes, factors, strict=True)]  # fmt: skip
+    assert kind_speeds(cost, measured) == pytest.approx((0.9, 1.3))
+    only_decodes = [measured[0], measured[2]]
+    assert kind_speeds(cost, only_decodes) == pytest.approx((0.9, step_speed(cost, only_decodes)))

@@ -9,11 +9,15 @@
    engine ran with* (its KV block count and block size, max_model_len, every budget), the same
    scheduler kind, once per replay, each replay priced at a machine speed (`SPEED_SOURCES`): the
    speed of a shared machine moves by a few percent between minutes, which the profile cannot
-   know, and near capacity that alone moves TPOT by ten percent. `steps`: the replay's own engine
-   steps, their total cycle time against the profile's price of the same steps (one number per
-   replay, read from step times, never from the latencies predicted); `probe`: the profile's
-   speed probe (fixed synthetic steps, `contbatch.calibrate.probe`) timed right before and after
-   the replay; `calibration`: the speed of the calibration run;
+   know, and near capacity that alone moves TPOT by ten percent. A speed is a pair: (decode-only
+   steps, steps with prefill tokens). `step-kinds`: the replay's own engine steps of each kind,
+   their total cycle time against the profile's price of the same steps (read from step times,
+   never from the latencies predicted; prefill is compute-bound and a decode step memory-bound, so
+   a neighbour or a machine state moves the two apart: issue 18 saw prefill steps 19 % slower
+   against the profile than decode steps in one replay, and a single speed turned that into -23 %
+   on mean TTFT); `steps`: one speed for both, from all the replay's steps; `probe`: the
+   profile's speed probe (fixed synthetic steps, `contbatch.calibrate.probe`) timed right before
+   and after the replay; `calibration`: the speed of the calibration run;
 3. both sets of timelines are summarised by `contbatch.metrics.summarize`, and each metric of
    `METRICS` is compared replay by replay, relative error = predicted / measured - 1: a metric's
    row is the replay with the median error (the mean of the two middle replays for an even
@@ -23,7 +27,8 @@
 4. each engine step's cycle time (`contbatch.calibrate.loop`) is compared with the cost model's
    price of that very step, at the replay's speed: the step-level error, which tells a wrong
    cost model from queueing that amplifies a small one (with speeds from `steps`, the error on
-   the replays' total step time is 0 by construction; the per-step errors remain).
+   the replays' total step time is 0 by construction, with `step-kinds` that of each kind; the
+   per-step errors remain).
 
 A trace named ``calibration`` is refused: the calibration run used it, so it proves nothing.
 """
@@ -50,7 +55,8 @@ from contbatch.sim.loop import simulate
 from contbatch.traces import Trace
 
 # where each replay's machine speed comes from (see the module docstring, step 2)
-SPEED_SOURCES = ("steps", "probe", "calibration")
+SPEED_SOURCES = ("step-kinds", "steps", "probe", "calibration")
+Speed = tuple[float, float]  # step times now over at calibration: (decode-only steps, steps with prefill)
 LATENCY_NAMES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
 STAT_NAMES = (("mean", "mean"), ("median", "p50"), ("p90", "p90"), ("p99", "p99"))
 # (summary key, label, unit) in the order they are reported
@@ -90,9 +96,9 @@ class Validation:
     steps: tuple[StepSample, ...] = ()  # the engine's steps with their cycle times (not in as_dict)
     replays: tuple[dict[str, float], ...] = ()  # each replay's measured value of every `METRICS` key
     predicted_replays: tuple[dict[str, float], ...] = ()  # and its predicted value
-    speeds: tuple[float, ...] = ()  # each replay's machine speed against calibration, as predicted; () at 1
+    speeds: tuple[Speed, ...] = ()  # each replay's machine speed against calibration, as predicted; () at 1
     speed_source: str = "calibration"  # where `speeds` come from (`SPEED_SOURCES`)
-    speeds_by_source: dict[str, tuple[float, ...]] | None = None  # every source's speeds that could be read
+    speeds_by_source: dict[str, tuple[Speed, ...]] | None = None  # every source's speeds that could be read
     step_error_by_batch: dict[str, ErrorStats] | None = None  # `step_error` per kind of step (`batch_kind`)
 
     def row(self, key: str) -> MetricRow:
@@ -134,7 +140,7 @@ def validate(
 
     `speed_source` (`SPEED_SOURCES`; default `probe` with a `reference_probe`, else
     `calibration`) sets the machine speed each replay is predicted at (`ProfileCost.at_speed`):
-    `steps` and `probe` need a `ProfileCost`, `probe` the profile's speed probe (`reference_probe`),
+    all but `calibration` need a `ProfileCost`, `probe` the profile's speed probe (`reference_probe`),
     which is then timed right before and after each replay."""
     speed_source = speed_source or ("probe" if reference_probe is not None else "calibration")
     if speed_source not in SPEED_SOURCES:
@@ -152,13 +158,17 @@ def validate(
     base = engine or LLMEngine(config)
     points = points_of(reference_probe) if reference_probe is not None else None
     runs = [_replay(base, config, trace, points) for _ in range(replays)]
-    by_source: dict[str, tuple[float, ...]] = {}
+    by_source: dict[str, tuple[Speed, ...]] = {}
     if isinstance(cost, ProfileCost):
-        by_source["steps"] = tuple(step_speed(cost, run.steps) for run in runs)
+        by_source["step-kinds"] = tuple(kind_speeds(cost, run.steps) for run in runs)
+        by_source["steps"] = tuple((speed, speed) for speed in (step_speed(cost, run.steps) for run in runs))
     if reference_probe is not None:
-        by_source["probe"] = tuple(speed_factor(run.probe, reference_probe) for run in runs if run.probe)
+        probed = (speed_factor(run.probe, reference_probe) for run in runs if run.probe)
+        by_source["probe"] = tuple((speed, speed) for speed in probed)
     speeds = by_source.get(speed_source, ())
-    costs = [cost.at_speed(speed) for speed in speeds] if isinstance(cost, ProfileCost) and speeds else [cost] * replays
+    costs: list[CostModel] = [cost] * replays
+    if isinstance(cost, ProfileCost) and speeds:
+        costs = [cost.at_speed(*speed) for speed in speeds]
     scheduler = runs[0].scheduler_config
     results = [simulate(trace, make_scheduler(config.scheduler_kind, scheduler), c) for c in costs]
     measured_values = tuple(_values(run.summary) for run in runs)
@@ -184,6 +194,15 @@ def step_speed(cost: ProfileCost, steps: list[StepSample]) -> float:
     priced = sum(calibrated.step_time(step.to_output()) for step in steps) * 1000.0
     measured = sum(step.ms for step in steps)
     return measured / priced if steps and priced > 0 else 1.0
+
+
+def kind_speeds(cost: ProfileCost, steps: list[StepSample]) -> Speed:
+    """`step_speed` of the decode-only steps and of the steps with prefill tokens apart; a kind
+    the replay has no step of takes the speed of all its steps."""
+    whole = step_speed(cost, steps)
+    decode = [step for step in steps if not step.num_prefill_tokens]
+    prefill = [step for step in steps if step.num_prefill_tokens]
+    return (step_speed(cost, decode) if decode else whole, step_speed(cost, prefill) if prefill else whole)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +277,11 @@ def format_by_batch(by_batch: dict[str, ErrorStats]) -> str:
     return ", ".join(f"{kind} {100 * e.total:+.1f}% ({e.num_samples})" for kind, e in by_batch.items())
 
 
+def format_speeds(speeds: tuple[Speed, ...]) -> str:
+    """``x1.020, x0.950/x1.100``: one replay's speed, or its decode-only/prefill speeds apart."""
+    return ", ".join(f"x{d:.3f}" if d == p else f"x{d:.3f}/x{p:.3f}" for d, p in speeds)
+
+
 def format_validation(validation: Validation) -> str:
     """One table: metric, predicted, measured, relative error (and, over several replays, the
     measured spread: (max - min) / median)."""
@@ -292,7 +316,7 @@ def format_validation(validation: Validation) -> str:
     if validation.step_error_by_batch:
         text.append("step error on total time, by kind (steps): " + format_by_batch(validation.step_error_by_batch))
     if validation.speeds:
-        found = ", ".join(f"x{speed:.3f}" for speed in validation.speeds)
+        found = format_speeds(validation.speeds)
         text.append(f"machine speed ({validation.speed_source}; step times against calibration), per replay: {found}")
     else:
         text.append("predicted at the speed of the calibration run")

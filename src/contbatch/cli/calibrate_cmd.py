@@ -8,8 +8,9 @@ engine, and the simulator's prediction error against the engine on a trace.
 - `validate --model DIR|demo --profile profile.json --trace T`: runs T on the engine in real
   time, then in the simulator with the profile and the engine's scheduler config, and prints
   predicted against measured per metric with the relative error (`--json`, `--plot DIR`). Each
-  replay is predicted at the machine speed during it (`--speed-source`: `steps`, the default,
-  from its own engine steps; `probe`, the profile's probe timed around it; `calibration`).
+  replay is predicted at the machine speed during it (`--speed-source`: `step-kinds`, the
+  default, from its own engine steps, decode-only steps and steps with prefill apart; `steps`,
+  one speed from all of them; `probe`, the profile's probe timed around it; `calibration`).
 - `validate --observed obs.jsonl --profile profile.json`: the same comparison against runs of a
   server observed from the outside (`contbatch observe`, `contbatch fit`; `contbatch.cli.observe_cmd`).
 
@@ -82,9 +83,11 @@ def add_calibrate_parsers(commands: Any) -> None:
     validate.add_argument("--threads", type=int, help="torch threads (default: the profile's)")
     validate.add_argument("--replays", type=int, default=1,
                           help="engine replays of the trace; a row is the replay of median error (1)")  # fmt: skip
-    validate.add_argument("--speed-source", choices=("steps", "probe", "calibration"), default="steps",
-                          help="each replay's machine speed: from its own engine steps (default), from the "
-                          "profile's speed probe timed around it, or the calibration run's")  # fmt: skip
+    validate.add_argument("--speed-source", choices=("step-kinds", "steps", "probe", "calibration"),
+                          default="step-kinds",
+                          help="each replay's machine speed: from its own engine steps, decode-only and prefill "
+                          "apart (default) or together, from the profile's speed probe timed around it, "
+                          "or the calibration run's")  # fmt: skip
     validate.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                           help="predict at the reference speed (the calibration run's; --observed: the fit's), "
                           "as --speed-source calibration")  # fmt: skip

@@ -3,6 +3,7 @@
 A profile (JSON, written by `contbatch.calibrate`) prices one step as::
 
     ms = speed * (scale * compute(out) + loop_base_ms + loop_request_ms * num_requests)
+    speed = prefill_speed if the step has prefill tokens (and one is set), else speed
     scale = prefill_loop_scale if the step has prefill tokens (and the profile has one),
             else the decode_loop_scales bin of its decode count (if the profile has them),
             else loop_scale
@@ -25,8 +26,10 @@ A profile (JSON, written by `contbatch.calibrate`) prices one step as::
   (schedule, update, detokenisation, taking in arrivals, Python), fitted on the same steps. They
   may be negative (a fit); a step never costs less than `MIN_STEP_MS`;
 - ``speed``: how much slower the machine runs than during calibration (1.0 in the file; 1.03: 3 %
-  slower, 0.5: twice as fast). `contbatch validate` sets it from the profile's speed probe timed
-  around each replay (`contbatch.calibrate.probe`); the spec parameter ``speed=`` sets it by hand.
+  slower, 0.5: twice as fast); ``prefill_speed`` the same for steps with prefill tokens alone
+  (their speed moves apart from decode-only steps': prefill is compute-bound, a decode step
+  memory-bound). `contbatch validate` sets both per replay (`contbatch.calibrate.validate`); the
+  spec parameters ``speed=`` and ``prefill_speed=`` set them by hand.
 
 File format (only the ``cost`` object is read here; the rest is provenance for reports)::
 
@@ -42,7 +45,7 @@ File format (only the ``cost`` object is read here; the rest is provenance for r
 
 Both fits are stored; ``model`` names the one calibration chose (``profile:PATH,model=table``
 overrides it). Errors are `CostSpecError` naming the file and the field. Spec:
-``profile:PATH[,model=affine|table][,speed=F]``.
+``profile:PATH[,model=affine|table][,speed=F][,prefill_speed=F]``.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from contbatch.sim.costs.table import TableCost
 PROFILE_FORMAT = "contbatch-profile"
 PROFILE_VERSION = 1
 PROFILE_MODELS = ("affine", "table")
-PROFILE_PARAMS = ("model", "speed")
+PROFILE_PARAMS = ("model", "speed", "prefill_speed")
 AFFINE_FIELDS = ("base_ms", "prefill_ms", "decode_ms", "context_ms")
 TABLE_AXES = ("prefill_axis", "decode_axis", "context_axis")
 MIN_STEP_MS = 0.001  # the floor of a step's price: a step always moves the clock forward
@@ -81,10 +84,11 @@ class ProfileCost:
     loop_request_ms: float = 0.0  # per scheduled request; finite, may be < 0
     source: str = "<profile>"  # the file it came from, for reports
     speed: float = 1.0  # step times now over step times at calibration; finite, > 0
+    prefill_speed: float | None = None  # the same for steps with prefill tokens; None: speed
 
     def __post_init__(self) -> None:
         """The one check of the loop terms, for a profile file and a direct construction alike: an
-        error names `source` and the field (``cost.NAME`` as in the file; ``speed`` is no field)."""
+        error names `source` and the field (``cost.NAME`` as in the file; the speeds are no fields)."""
         for name in ("loop_scale", "loop_base_ms", "loop_request_ms", "speed"):
             value = getattr(self, name)
             if not _is_number(value):
@@ -92,10 +96,10 @@ class ProfileCost:
         for name in ("loop_scale", "speed"):
             if getattr(self, name) <= 0:
                 raise _error(self.source, _field(name), f"must be > 0, got {getattr(self, name)!r}")
-        prefill_scale = self.prefill_loop_scale
-        if prefill_scale is not None and not (_is_number(prefill_scale) and prefill_scale > 0):
-            problem = f"must be a finite number > 0, got {prefill_scale!r}"
-            raise _error(self.source, _field("prefill_loop_scale"), problem)
+        for name in ("prefill_loop_scale", "prefill_speed"):
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value) and value > 0):
+                raise _error(self.source, _field(name), f"must be a finite number > 0, got {value!r}")
         bins = self.decode_loop_scales
         if any(high <= low for (low, _), (high, _) in itertools.pairwise(bins)) or any(
             not (_is_number(scale) and scale > 0) for _, scale in bins
@@ -117,7 +121,8 @@ class ProfileCost:
         ms = (
             self.loop_scale_of(out) * self.compute_ms(out) + self.loop_base_ms + self.loop_request_ms * out.num_requests
         )
-        return max(self.speed * ms, MIN_STEP_MS) / 1000.0
+        speed = self.speed if self.prefill_speed is None or not out.num_prefill_tokens else self.prefill_speed
+        return max(speed * ms, MIN_STEP_MS) / 1000.0
 
     def loop_scale_of(self, out: SchedulerOutput) -> float:
         """The in-loop scale of the runner's time for this step (module docstring)."""
@@ -129,9 +134,10 @@ class ProfileCost:
         index = bisect.bisect_right(bins, out.num_decode_tokens, key=lambda b: b[0]) - 1
         return self.loop_scale if index < 0 else bins[index][1]
 
-    def at_speed(self, speed: float) -> ProfileCost:
-        """This profile on a machine whose steps take `speed` times as long as at calibration."""
-        return dataclasses.replace(self, speed=speed)
+    def at_speed(self, speed: float, prefill_speed: float | None = None) -> ProfileCost:
+        """This profile on a machine whose steps take `speed` times as long as at calibration
+        (steps with prefill tokens `prefill_speed` times, when given)."""
+        return dataclasses.replace(self, speed=speed, prefill_speed=prefill_speed)
 
     def compute_ms(self, out: SchedulerOutput) -> float:
         """The runner's part of a step, in ms (swaps included)."""
@@ -276,8 +282,8 @@ def _error(label: str, field: str, problem: str) -> CostSpecError:
 
 
 def _field(name: str) -> str:
-    """A `ProfileCost` attribute's field in the profile file (``speed`` is none: a spec parameter)."""
-    return name if name == "speed" else f"cost.{name}"
+    """A `ProfileCost` attribute's field in the profile file (the speeds are none: spec parameters)."""
+    return name if name.endswith("speed") else f"cost.{name}"
 
 
 def _one_line(exc: Exception) -> str:
@@ -285,12 +291,15 @@ def _one_line(exc: Exception) -> str:
 
 
 def parse_profile(args: str) -> ProfileCost:
-    """The `ProfileCost` of ``PATH[,model=affine|table][,speed=F]`` (the text after ``profile:``)."""
+    """The `ProfileCost` of ``PATH[,model=affine|table][,speed=F][,prefill_speed=F]`` (the text
+    after ``profile:``)."""
     path, params = split_path(args)
     if not path:
-        raise CostSpecError("profile cost: expected profile:PATH.json[,model=affine|table][,speed=F]")
+        raise CostSpecError("profile cost: expected profile:PATH.json[,model=affine|table][,speed=F][,prefill_speed=F]")
     values = split_params(params, known=PROFILE_PARAMS, what="profile cost")
     profile = load_profile(path, model=values.get("model"))
-    if "speed" not in values:
-        return profile
-    return profile.at_speed(float_param(values["speed"], "speed", "profile cost", exclusive=True))
+    speed, prefill_speed = (
+        float_param(values[name], name, "profile cost", exclusive=True) if name in values else None
+        for name in ("speed", "prefill_speed")
+    )
+    return profile.at_speed(profile.speed if speed is None else speed, prefill_speed)
