@@ -24,8 +24,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -35,40 +33,20 @@ from typing import Any
 
 import httpx
 
+from contbatch.bench.servers import contbatch_argv, free_port, running_server
+
 HUGE_CHARS = 3_900_000
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
 def serve(args: argparse.Namespace, *extra: str) -> Iterator[tuple[str, int]]:
     port = free_port()
-    command = [sys.executable, "-m", "contbatch.cli.main", "serve", "--backend", args.backend, "--port", str(port)]
-    command += ["--served-model-name", "bench", "--log-level", "warning", *extra]
+    command = ["serve", "--backend", args.backend, "--served-model-name", "bench", *extra]
     if args.backend == "sim":
         command += ["--cost", "affine:base_ms=5"]
-    process = subprocess.Popen(command, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.2)
-        yield url, process.pid
-    finally:
-        process.terminate()
-        process.wait(30)
+    with running_server(contbatch_argv(*command, port=port), port, cwd=ROOT, start_s=300, stop_s=30) as server:
+        yield server.url, server.process.pid
 
 
 def rss_mb(pid: int) -> float:

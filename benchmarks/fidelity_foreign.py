@@ -32,17 +32,13 @@ import argparse
 import contextlib
 import io
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from contbatch.bench.servers import contbatch_argv, free_port, running_server
 from contbatch.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,38 +57,6 @@ PROBE_PLAN = ["--prompt-lengths", "16,128,384", "--concurrency", "1,4,16", "--lo
 TF_BLOCKS, TF_BATCH_TOKENS = 64, 512
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def serving(argv: list[str], port: int, log: Path, env: dict[str, str]) -> Iterator[str]:
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{argv[:4]} exited: {log.read_text(errors='replace')[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{argv[:4]} not healthy after 300 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def targets(names: list[str], work: Path) -> Iterator[tuple[str, Any, list[str]]]:
     """(name, a context manager serving it, the fit's --server and --set flags) per target."""
     from contbatch.engine.demo import ensure_demo_model
@@ -102,9 +66,9 @@ def targets(names: list[str], work: Path) -> Iterator[tuple[str, Any, list[str]]
     for name in names:
         port = free_port()
         if name == "engine":
-            argv = [sys.executable, "-m", "contbatch.cli.main", "serve", "--backend", "engine", "--model", str(model),
-                    "--port", str(port), "--log-level", "warning"]  # fmt: skip
-            yield name, serving(argv, port, work / "engine.log", threads), ["--server", "contbatch"]
+            argv = contbatch_argv("serve", "--backend", "engine", "--model", str(model), port=port)
+            served = running_server(argv, port, env=threads, log=work / "engine.log", start_s=300)
+            yield name, served, ["--server", "contbatch"]
         elif name == "transformers":
             why = transformers_missing()
             if why:
@@ -116,7 +80,7 @@ def targets(names: list[str], work: Path) -> Iterator[tuple[str, Any, list[str]]
             env = {**threads, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
             fit = ["--server", "transformers-cb", "--set", f"kv.num_blocks={TF_BLOCKS}",
                    "--set", f"max_num_batched_tokens={TF_BATCH_TOKENS}"]  # fmt: skip
-            yield name, serving(argv, port, work / "transformers.log", env), fit
+            yield name, running_server(argv, port, env=env, log=work / "transformers.log", start_s=300), fit
         else:
             raise SystemExit(f"unknown target {name!r}; known: engine, transformers")
 
@@ -141,7 +105,8 @@ def cli(*argv: str) -> str:
 
 
 def one_target(name: str, server: Any, fit_flags: list[str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    with server as url:
+    with server as served:
+        url = served.url
         fitted = work / f"{name}-fit.jsonl"
         started = time.monotonic()
         cli("observe", "--url", url, "--out", str(fitted), "--budget-s", str(args.budget_s), *PROBE_PLAN)

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from contbatch.bench.servers import ServerStartError, free_port, start_server
 from contbatch.cli.main import main
 from contbatch.engine.demo import DemoShape, train_tokenizer, write_random_checkpoint, write_tokenizer
 from contbatch.engine.demo_corpus import demo_corpus
@@ -69,12 +64,6 @@ def _missing() -> str | None:
     return None if is_serve_available() else "transformers reports its serving extra as unavailable"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     missing = _missing()
@@ -83,7 +72,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("transformers-serve")
     model = write_random_checkpoint(root / "tiny-llama", SHAPE, seed=0, demo=False)
     write_tokenizer(model, train_tokenizer(SHAPE.vocab_size, demo_corpus(num_lines=1500, lexicon_size=1500)))
-    port = _free_port()
+    port = free_port()
     argv = [
         sys.executable,
         "-m",
@@ -105,38 +94,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "--log-level",
         "warning",
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(root / "hf-home")}
-    log_path = root / "serve.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base_url = f"http://127.0.0.1:{port}"
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(root / "hf-home")}
+    server = start_server(argv, port, env=env, log=root / "serve.log")
     try:
-        _wait_healthy(proc, base_url, log_path)
-        yield Served(base_url, str(model))
+        try:
+            server.wait_healthy(STARTUP_TIMEOUT_S, poll_s=0.2)
+        except ServerStartError as exc:
+            pytest.fail(f"transformers serve: {exc}")
+        yield Served(server.url, str(model))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_healthy(proc: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            pytest.fail(f"transformers serve exited with {proc.returncode}:\n{tail}")
-        try:
-            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            pytest.fail(f"transformers serve was not healthy after {STARTUP_TIMEOUT_S:g} s:\n{tail}")
-        time.sleep(0.2)
+        server.stop()
 
 
 def bench(capsys: pytest.CaptureFixture[str], served: Served, *args: str) -> tuple[int, dict[str, Any]]:

@@ -9,17 +9,12 @@ make requests queue, as a loaded server does.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from contbatch.bench.servers import contbatch_argv, free_port, running_server
 from contbatch.cli.main import main
 from contbatch.traces import synthetic, write_jsonl
 
@@ -27,56 +22,14 @@ COST = "affine:base_ms=50"
 SETS = ["--set", "max_num_seqs=4"]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def served() -> Iterator[str]:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "contbatch.cli.main",
-        "serve",
-        "--backend",
-        "sim",
-        "--cost",
-        COST,
-        "--port",
-        str(port),
-        "--model",
-        "sim",
-        "--log-level",
-        "warning",
-        *SETS,
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "serve exited"
-            try:
-                if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "contbatch serve did not come up"
-            time.sleep(0.1)
-        yield base_url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    argv = contbatch_argv("serve", "--backend", "sim", "--cost", COST, "--model", "sim", *SETS, port=port)
+    with running_server(argv, port) as server:
+        yield server.url
 
 
-@pytest.mark.slow
 def test_bench_against_the_paced_sim_reproduces_simulate(
     served: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

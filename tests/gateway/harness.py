@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from contbatch.bench.servers import free_port
 from contbatch.gateway.app import create_gateway_app
 from contbatch.gateway.config import GatewayConfig, backends_of
 from contbatch.gateway.proxy import Gateway
@@ -137,6 +138,4 @@ def serve_app() -> Iterator[Callable[[Any], RunningApp]]:
 
 def dead_url() -> str:
     """A URL where nothing listens (connections are refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"

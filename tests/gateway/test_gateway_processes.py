@@ -4,18 +4,17 @@ command's flags (help, bad values exit 2)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
+from contbatch.bench.servers import contbatch_argv, free_port, running_server
 from contbatch.cli.main import build_parser, main
 from contbatch.cli.route_cmd import UPSTREAM_KEY_ENV, gateway_config
 from gateway.harness import metric_values
@@ -23,44 +22,17 @@ from gateway.harness import metric_values
 Start = Callable[[list[str]], tuple[subprocess.Popen[bytes], str]]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def start() -> Iterator[Start]:
     """Run `contbatch ARGS --port P` in a process, up once its /health answers 200."""
-    procs: list[subprocess.Popen[bytes]] = []
+    with contextlib.ExitStack() as stack:
 
-    def run(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-        port = free_port()
-        argv = [sys.executable, "-m", "contbatch.cli.main", *args, "--port", str(port), "--log-level", "warning"]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
-        procs.append(proc)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"{args[0]} did not come up"
-            time.sleep(0.05)
+        def run(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+            port = free_port()
+            server = stack.enter_context(running_server(contbatch_argv(*args, port=port), port))
+            return server.process, server.url
 
-    yield run
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        yield run
 
 
 def test_a_backend_killed_mid_stream_ends_the_stream_cleanly(start: Start) -> None:

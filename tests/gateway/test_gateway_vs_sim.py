@@ -20,18 +20,15 @@ sim backend keeps its step boundaries however loaded the machine is.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from contbatch.bench.servers import ServerProcess, contbatch_argv, free_port, start_server
 from contbatch.cli.main import main
 from contbatch.cli.options import scheduler_config
 from contbatch.sim import parse_cost
@@ -47,58 +44,29 @@ ROUTERS = ("round_robin", "least_outstanding")
 KEYS = ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def spawn(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+def spawn(stack: contextlib.ExitStack, args: list[str]) -> ServerProcess:
+    """Start `contbatch ARGS` (not waiting for it), stopped when `stack` closes."""
     port = free_port()
-    argv = [sys.executable, "-m", "contbatch.cli.main", *args, "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ})
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_up(procs: list[tuple[subprocess.Popen[bytes], str]]) -> None:
-    deadline = time.monotonic() + 90
-    for proc, url in procs:
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"{url} did not come up"
-            time.sleep(0.05)
+    server = start_server(contbatch_argv(*args, port=port), port)
+    stack.callback(server.stop)
+    return server
 
 
 @pytest.fixture
 def fleet() -> Iterator[tuple[list[str], dict[str, str]]]:
     """Four sim replicas, then one gateway per router in front of them (named replica-0..3, the
-    simulator's replica ids)."""
-    procs: list[tuple[subprocess.Popen[bytes], str]] = []
-    try:
-        for _ in range(REPLICAS):
-            procs.append(spawn(["serve", "--backend", "sim", "--cost", COST, "--model", "sim",
-                                *(x for s in SETS for x in ("--set", s))]))  # fmt: skip
-        wait_up(procs)
-        backends = [url for _, url in procs]
+    simulator's replica ids); each group started together, then waited for."""
+    with contextlib.ExitStack() as stack:
+        replicas = [spawn(stack, ["serve", "--backend", "sim", "--cost", COST, "--model", "sim",
+                                  *(x for s in SETS for x in ("--set", s))]) for _ in range(REPLICAS)]  # fmt: skip
+        for server in replicas:
+            server.wait_healthy(90)
+        backends = [server.url for server in replicas]
         named = [x for i, url in enumerate(backends) for x in ("--backend", f"replica-{i}={url}")]
-        gateways = {router: spawn(["route", "--router", router, *named]) for router in ROUTERS}
-        procs += gateways.values()
-        wait_up(list(gateways.values()))
-        yield backends, {router: url for router, (_, url) in gateways.items()}
-    finally:
-        for proc, _ in procs:
-            proc.terminate()
-        for proc, _ in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        gateways = {router: spawn(stack, ["route", "--router", router, *named]) for router in ROUTERS}
+        for server in gateways.values():
+            server.wait_healthy(90)
+        yield backends, {router: server.url for router, server in gateways.items()}
 
 
 @pytest.mark.slow

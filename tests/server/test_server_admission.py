@@ -333,7 +333,7 @@ def test_serve_passes_its_limits_to_uvicorn(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_each_connection_gets_a_bounded_send_buffer_and_no_delay() -> None:
     args = build_parser().parse_args(["serve", "--backend", "sim"])
-    server = start_app(build_app(args), **uvicorn_options(args))
+    server = start_app(build_app(args), **uvicorn_options(args, args.send_buffer))
     try:
         with _connect(server) as sock:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -441,7 +441,7 @@ def test_clients_that_never_read_cannot_hold_the_seats() -> None:
             f"max_num_seqs={seats}",
         ]
     )
-    server = start_app(build_app(args), **uvicorn_options(args))
+    server = start_app(build_app(args), **uvicorn_options(args, args.send_buffer))
     body = json.dumps(
         {"model": MODEL, "prompt": "never read", "max_tokens": 20_000, "ignore_eos": True, "stream": True}
     )

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from contbatch.cli.options import UsageError
-from contbatch.cli.serve_cmd import DEFAULT_SEND_BUFFER, LOCAL_HOSTS, api_keys
+from contbatch.cli.serve_cmd import DEFAULT_SEND_BUFFER, api_keys, run_http
 from contbatch.routing import RouterSpecError, make_router, router_help
 
 UPSTREAM_KEY_ENV = "CONTBATCH_UPSTREAM_API_KEY"
@@ -232,36 +232,11 @@ def build_route_app(args: argparse.Namespace) -> Any:
     return create_gateway_app(gateway_config(args))
 
 
-def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Connection limits as `uvicorn.Config` options (`contbatch.server.connections`)."""
-    from contbatch.server.connections import limited_protocol
-
-    return {
-        "limit_concurrency": args.limit_concurrency or None,
-        "http": limited_protocol(args.header_timeout, DEFAULT_SEND_BUFFER),
-    }
-
-
 def run_route_command(args: argparse.Namespace) -> int:
     try:
         app = build_route_app(args)
     except UsageError as exc:
         print(f"contbatch route: error: {exc}", file=sys.stderr)
         return 2
-    import uvicorn
-
-    if app.state.gateway.config.api_keys is None and args.host not in LOCAL_HOSTS:
-        print(
-            f"contbatch route: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
-            file=sys.stderr,
-        )
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        timeout_graceful_shutdown=5,
-        **uvicorn_options(args),
-    )
-    return 0
+    keyed = app.state.gateway.config.api_keys is not None
+    return run_http(app, args, command="route", keyed=keyed, send_buffer=DEFAULT_SEND_BUFFER, grace_s=5)

@@ -226,27 +226,25 @@ def build_app(args: argparse.Namespace) -> Any:
     return create_app(DriverClient(backend, scheduler=args.scheduler), server_config)
 
 
-def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The connection limits of the flags, as `uvicorn.Config` options (`contbatch.server.connections`)."""
+def uvicorn_options(args: argparse.Namespace, send_buffer: int) -> dict[str, Any]:
+    """The connection limits of the flags (`--limit-concurrency`, `--header-timeout`) and a
+    connection's send buffer (bytes), as `uvicorn.Config` options (`contbatch.server.connections`)."""
     from contbatch.server.connections import limited_protocol
 
     return {
         "limit_concurrency": args.limit_concurrency or None,
-        "http": limited_protocol(args.header_timeout, args.send_buffer),
+        "http": limited_protocol(args.header_timeout, send_buffer),
     }
 
 
-def run_serve_command(args: argparse.Namespace) -> int:
-    try:
-        app = build_app(args)
-    except UsageError as exc:
-        print(f"contbatch serve: error: {exc}", file=sys.stderr)
-        return 2
+def run_http(app: Any, args: argparse.Namespace, *, command: str, keyed: bool, send_buffer: int, grace_s: int) -> int:
+    """Serve `app` under uvicorn on the flags' host and port with their connection limits (`serve`
+    and `route` alike); first a warning when it is open beyond this machine without API keys."""
     import uvicorn
 
-    if app.state.config.api_keys is None and args.host not in LOCAL_HOSTS:
+    if not keyed and args.host not in LOCAL_HOSTS:
         print(
-            f"contbatch serve: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
+            f"contbatch {command}: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
             file=sys.stderr,
         )
     uvicorn.run(
@@ -255,7 +253,18 @@ def run_serve_command(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         access_log=args.access_log,
-        timeout_graceful_shutdown=max(1, round(args.shutdown_grace)),
-        **uvicorn_options(args),
+        timeout_graceful_shutdown=grace_s,
+        **uvicorn_options(args, send_buffer),
     )
     return 0
+
+
+def run_serve_command(args: argparse.Namespace) -> int:
+    try:
+        app = build_app(args)
+    except UsageError as exc:
+        print(f"contbatch serve: error: {exc}", file=sys.stderr)
+        return 2
+    keyed = app.state.config.api_keys is not None
+    grace_s = max(1, round(args.shutdown_grace))
+    return run_http(app, args, command="serve", keyed=keyed, send_buffer=args.send_buffer, grace_s=grace_s)
