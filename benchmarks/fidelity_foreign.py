@@ -143,7 +143,7 @@ def table(results: list[dict[str, Any]]) -> str:
     for result in results:
         t = result["fit"]
         terms = (f"{t['base_ms']:.3g} + {t['prefill_ms']:.3g} x prefill + {t['decode_ms']:.3g} x decode + "
-                 f"{t['context_ms']:.3g} x context")  # fmt: skip
+                 f"{t['context_ms']:.3g} x context + {t.get('prefill_pair_ms', 0.0):.3g} x prefill pairs")  # fmt: skip
         lines.append(f"{result['target']}: capacity {result['capacity_rps']:.3g} req/s; step ms = {terms}; "
                      f"delivery {t['delivery_ms']:.3g} ms")  # fmt: skip
     return "\n".join(lines)

@@ -22,7 +22,7 @@ from contbatch.sim.cost import AffineCost
 from contbatch.sim.loop import simulate
 from contbatch.traces import Trace, TraceRequest
 
-TRUE = Terms(base_ms=20.0, prefill_ms=0.1, decode_ms=1.0, context_ms=0.002, delivery_ms=3.0)
+TRUE = Terms(base_ms=20.0, prefill_ms=0.1, decode_ms=1.0, context_ms=0.002, prefill_pair_ms=0.0002, delivery_ms=3.0)
 CONFIG: SchedulerConfig = PRESETS["engine"]
 
 
@@ -71,12 +71,24 @@ def test_fit_recovers_the_cost_that_made_the_observations() -> None:
 
 
 def test_fit_from_a_far_start_reaches_the_same_terms() -> None:
-    far = Terms(base_ms=60.0, prefill_ms=0.0, decode_ms=0.0, context_ms=0.0, delivery_ms=0.0)
+    far = Terms(base_ms=60.0, prefill_ms=0.0, decode_ms=0.0, context_ms=0.0, prefill_pair_ms=0.0, delivery_ms=0.0)
     assert fit(probe_runs(), CONFIG, start=far).terms.theta == pytest.approx(TRUE.theta, rel=1e-3)
 
 
 def test_the_cost_is_an_affine_cost() -> None:
-    assert TRUE.cost() == AffineCost(20.0, 0.1, 1.0, 0.002)
+    assert TRUE.cost() == AffineCost(20.0, 0.1, 1.0, 0.002, prefill_pair_ms=0.0002)
+
+
+def test_prefill_token_pairs_count_causal_attention_of_prefill_chunks() -> None:
+    from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
+    from contbatch.sim.cost import prefill_token_pairs
+
+    chunks = (ScheduledChunk("a", 0, 4, True, True), ScheduledChunk("b", 10, 3, True, False),
+              ScheduledChunk("c", 50, 1, False, True))  # fmt: skip
+    out = SchedulerOutput(0, chunks, 8, 7, 1, 4 + 13 + 51, num_requests=3)
+    assert prefill_token_pairs(out) == (4 * 5 // 2) + (3 * 10 + 3 * 4 // 2)  # the decode reads its context instead
+    plain = AffineCost(base_ms=0, prefill_ms=0, decode_ms=0, context_ms=0, swap_ms_per_block=0)
+    assert dataclasses.replace(plain, prefill_pair_ms=0.5).step_time(out) == pytest.approx(0.5 * 46 / 1000)
 
 
 def test_fit_prices_each_run_at_the_speed_its_probes_found() -> None:

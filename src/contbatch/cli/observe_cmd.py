@@ -264,7 +264,8 @@ def _fit_text(result: Any, args: argparse.Namespace) -> str:
         f"profile: {args.out} (server {args.server}{''.join(' --set ' + o for o in args.overrides)}; "
         f"{result.num_requests} requests, {len(result.iterations)} simulations)",
         f"step ms = {t.base_ms:.4g} + {t.prefill_ms:.4g} x prefill + {t.decode_ms:.4g} x decode "
-        f"+ {t.context_ms:.4g} x context tokens; delivery {t.delivery_ms:.3g} ms per chunk",
+        f"+ {t.context_ms:.4g} x context tokens + {t.prefill_pair_ms:.4g} x prefill token pairs; "
+        f"delivery {t.delivery_ms:.3g} ms per chunk",
         f"objective per request: {result.objective:.4g} (relative TTFT error^2 + mean relative gap error^2)",
         "",
         f"{'run':<22}{'reqs':>5}{'TTFT obs':>10}{'pred':>9}{'|err|':>7}{'gap obs':>9}{'pred':>8}{'|err|':>7}",

@@ -1,9 +1,11 @@
 """`fit`: the affine cost terms that make the simulator's per-chunk timelines match the observed ones.
 
 The model: a step of the server costs ``base + prefill x (prefill + padding tokens) + decode x
-decode tokens + context x KV positions read`` ms (`contbatch.sim.cost.AffineCost`, the profile's
-``affine`` fit), and every chunk reaches the client ``delivery`` ms after the step that produced
-its last token ended (HTTP, serialisation, the network: a latency the schedule never sees).
+decode tokens + context x KV positions read + prefill_pair x (prefill token, attended position)
+pairs`` ms (`contbatch.sim.cost.AffineCost`, the profile's ``affine`` fit; the last term is the
+quadratic part of a long prompt's cost, `prefill_token_pairs`), and every chunk reaches the
+client ``delivery`` ms after the step that produced its last token ended (HTTP, serialisation,
+the network: a latency the schedule never sees).
 
 The objective, over the completed requests ``i`` of every run used::
 
@@ -52,10 +54,10 @@ import numpy as np
 
 from contbatch.core import SchedulerConfig
 from contbatch.observe.record import ObservedRun
-from contbatch.observe.replay import NUM_TERMS, Replay, Sample, linearise, replay, run_speeds
+from contbatch.observe.replay import NUM_STEP_TERMS, NUM_TERMS, Replay, Sample, linearise, replay, run_speeds
 from contbatch.sim.cost import AffineCost
 
-TERMS = ("base_ms", "prefill_ms", "decode_ms", "context_ms", "delivery_ms")
+TERMS = ("base_ms", "prefill_ms", "decode_ms", "context_ms", "prefill_pair_ms", "delivery_ms")
 OBJECTIVE = (
     "sum over completed requests of ((predicted TTFT - observed) / observed)^2 + mean over the request's chunk "
     "gaps of ((predicted gap - observed) / observed mean gap)^2; predictions from simulating the observed runs; "
@@ -75,6 +77,7 @@ class Terms:
     prefill_ms: float
     decode_ms: float
     context_ms: float
+    prefill_pair_ms: float
     delivery_ms: float
 
     @property
@@ -82,15 +85,16 @@ class Terms:
         return tuple(getattr(self, name) for name in TERMS)
 
     def cost(self, swap_ms_per_block: float = 0.32) -> AffineCost:
-        return AffineCost(self.base_ms, self.prefill_ms, self.decode_ms, self.context_ms, swap_ms_per_block)
+        return AffineCost(self.base_ms, self.prefill_ms, self.decode_ms, self.context_ms, swap_ms_per_block,
+                          self.prefill_pair_ms)  # fmt: skip
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in TERMS}
 
     def scaled(self, speed: float) -> Terms:
         """The step terms at a machine `speed` times slower (delivery is no step's and stays)."""
-        base, prefill, decode, context = (speed * v for v in self.theta[:4])
-        return Terms(base, prefill, decode, context, self.delivery_ms)
+        base, prefill, decode, context, pairs = (speed * v for v in self.theta[:NUM_STEP_TERMS])
+        return Terms(base, prefill, decode, context, pairs, self.delivery_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +125,7 @@ class FitResult:
 
 
 def _solve(samples: Sequence[Sample]) -> tuple[float, ...]:
-    """Weighted non-negative least squares of the linearised samples, exactly: with five terms,
+    """Weighted non-negative least squares of the linearised samples, exactly: with six terms,
     every subset of them is solved unconstrained and the best solution with no negative term wins."""
     x = np.array([s.features for s in samples])
     y = np.array([s.observed - s.offset for s in samples])
@@ -160,7 +164,7 @@ def initial_terms(runs: Sequence[ObservedRun]) -> Terms:
     slope, intercept = 0.0, step
     if len({p for p, _ in points}) >= 2:
         slope, intercept = (float(v) for v in np.polyfit([p for p, _ in points], [t for _, t in points], 1))
-    return Terms(1000 * step, 1000 * max(slope, 0.0), 0.0, 0.0, 1000 * max(intercept - step, 0.0))
+    return Terms(1000 * step, 1000 * max(slope, 0.0), 0.0, 0.0, 0.0, 1000 * max(intercept - step, 0.0))
 
 
 def _simulate(

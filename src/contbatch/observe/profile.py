@@ -57,6 +57,7 @@ def profile_document(
                 "prefill_ms": cost.prefill_ms,
                 "decode_ms": cost.decode_ms,
                 "context_ms": cost.context_ms,
+                "prefill_pair_ms": cost.prefill_pair_ms,
             },
         },
         "chosen": "affine",

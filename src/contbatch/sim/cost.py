@@ -107,6 +107,7 @@ class AffineCost:
     decode_ms: float = 0.066  # per decode token
     context_ms: float = 0.00025  # per KV position read by attention
     swap_ms_per_block: float = 0.32  # per KV block copied to or from host memory
+    prefill_pair_ms: float = 0.0  # per (prefill token, position it attends to) pair: `prefill_token_pairs`
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -126,7 +127,17 @@ class AffineCost:
             + self.context_ms * out.num_context_tokens
             + self.swap_ms_per_block * out.num_swapped_blocks
         )
+        if self.prefill_pair_ms and out.num_prefill_tokens:
+            ms += self.prefill_pair_ms * prefill_token_pairs(out)
         return ms / 1000.0
+
+
+def prefill_token_pairs(out: SchedulerOutput) -> int:
+    """The step's (prefill token, position it attends to) pairs: a prefill chunk of n tokens from
+    position s computes n * s + n * (n + 1) / 2 of them under causal attention, the part of a long
+    prompt's cost that grows with its square (decodes read their context: `num_context_tokens`)."""
+    return sum(c.num_new_tokens * c.start + c.num_new_tokens * (c.num_new_tokens + 1) // 2
+               for c in out.chunks if c.is_prefill)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,8 @@ File format (only the ``cost`` object is read here; the rest is provenance for r
               "decode_loop_scales": [[1, 0.95], [4, 1.0], [8, 1.06]],
               "loop_base_ms": 0.2, "loop_request_ms": 0.01,
               "swap_ms_per_block": 0.32,
-              "affine": {"base_ms": 5.0, "prefill_ms": 0.25, "decode_ms": 0.6, "context_ms": 0.004},
+              "affine": {"base_ms": 5.0, "prefill_ms": 0.25, "decode_ms": 0.6, "context_ms": 0.004,
+                         "prefill_pair_ms": 0.0},   # the last optional
               "table": {"prefill_axis": [...], "decode_axis": [...], "context_axis": [...],
                         "step_ms": [...]}},   # TableCost's layout: (c * P + p) * D + d -> ms
      ...}
@@ -69,6 +70,7 @@ PROFILE_VERSION = 1
 PROFILE_MODELS = ("affine", "table")
 PROFILE_PARAMS = ("model", "speed", "prefill_speed")
 AFFINE_FIELDS = ("base_ms", "prefill_ms", "decode_ms", "context_ms")
+AFFINE_OPTIONAL = ("prefill_pair_ms",)  # 0 when absent (profiles written before the term)
 TABLE_AXES = ("prefill_axis", "decode_axis", "context_axis")
 MIN_STEP_MS = 0.001  # the floor of a step's price: a step always moves the clock forward
 
@@ -217,6 +219,9 @@ def profile_from_document(document: object, label: str = "<profile>", *, model: 
 def _affine(cost: Mapping[str, object], label: str, swap: float) -> AffineCost:
     fields = _mapping(cost.get("affine"), label, "cost.affine")
     values = {name: _number(fields, name, label, "cost.affine", minimum=0.0) for name in AFFINE_FIELDS}
+    for name in AFFINE_OPTIONAL:
+        if name in fields:
+            values[name] = _number(fields, name, label, "cost.affine", minimum=0.0)
     return AffineCost(**values, swap_ms_per_block=swap)
 
 
