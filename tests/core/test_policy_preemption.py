@@ -248,3 +248,25 @@ def test_tenant_kv_quota_holds_as_requests_grow() -> None:
         now += 1.0
     assert peak == 4 and s.stats.num_preemptions >= 1 and a1.num_preemptions >= 1
     assert a0.finish_reason is a1.finish_reason is FinishReason.LENGTH
+
+
+def test_tenant_kv_quota_counts_the_whole_reservation_under_reserve_admission() -> None:
+    """Under reserve admission a request takes prompt + max output blocks at once: with a quota of
+    8 blocks, a tenant running a 1 + 4 reservation cannot admit a 3 + 2 one beside it (it would
+    hold 10); it waits until the first finishes. It used to be admitted on its 3-block prompt alone."""
+    config = SchedulerConfig(
+        max_num_batched_tokens=16,
+        kv=KVConfig(block_size=1, num_blocks=32, watermark=0.0, admission="reserve"),
+        tenants=TenantConfig(max_kv_blocks=8),
+    )
+    s = ContinuousScheduler(config)
+    small = admit(s, "small", 0.0, 1, 4)
+    step(s, 0.0)
+    big = admit(s, "big", 1.0, 3, 2)
+    now, peak = 1.0, 0
+    while s.has_unfinished():
+        step(s, now)
+        peak = max(peak, sum(held(s, r.request_id) for r in s.running))
+        now += 1.0
+    assert peak <= 8
+    assert small.finish_reason is big.finish_reason is FinishReason.LENGTH

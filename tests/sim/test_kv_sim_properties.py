@@ -11,14 +11,11 @@ request's token ids and device block table must equal the scheduler's. At the en
 request has finished exactly once with the reason its spec predicts, no block is used (device
 or host), nobody is lost, and the counters agree with the timelines.
 
-Known bugs kept out of the generated configs (each has a strict-xfail test elsewhere):
-- with `preemption="swap"` a victim already scheduled in the step is swapped out with the blocks
-  of its unscheduled chunk (`lowest_priority` / `fewest_generated` / `max_preemptions` victims,
-  and `prefill_first`, which can even swap out a request admitted in the same step): swap runs
-  use `victim="newest"`, no `max_preemptions` and decodes first (`tests/core/test_kv_sched_swap.py`);
-- without chunked prefill a request preempted by recompute re-prefills prompt + outputs whole and
-  never fits the token budget again: such runs get a budget of the longest request
-  (`tests/core/test_kv_sched_chunking.py`).
+Every KV knob is drawn, swap with any victim, `max_preemptions` and `prefill_first` included:
+the bugs once kept out of these configs (a swapped victim moving the blocks of its unscheduled
+chunk, `prefill_first` swapping out a request admitted in the same step, re-prefill without
+chunked prefill) have regression tests in `tests/core/test_kv_sched_swap.py` and
+`tests/core/test_kv_sched_chunking.py`.
 """
 
 from __future__ import annotations
@@ -95,15 +92,6 @@ def configs(draw: st.DrawFn, num_blocks: int) -> SchedulerConfig:
     return config
 
 
-def avoid_swap_bugs(config: SchedulerConfig) -> SchedulerConfig:
-    kv = config.kv
-    assert kv is not None
-    if kv.preemption == "swap" and kv.admission != "reserve":
-        kv = dataclasses.replace(kv, victim="newest", max_preemptions=None)
-        return dataclasses.replace(config, prefill_first=False, kv=kv)
-    return config
-
-
 rows = st.lists(
     st.tuples(
         st.integers(0, 3).map(float) | st.floats(0.0, 12.0, allow_nan=False),  # arrival
@@ -137,7 +125,7 @@ def cases(draw: st.DrawFn, pressure: bool = False) -> tuple[SchedulerConfig, Tra
     kv = dataclasses.replace(kv, block_size=block_size)
     if pressure and kv.admission == "reserve":
         kv = dataclasses.replace(kv, admission="optimistic")
-    config = avoid_swap_bugs(dataclasses.replace(config, kv=kv))
+    config = dataclasses.replace(config, kv=kv)
     trace = make_trace(specs)
     if not config.chunked_prefill and kv.admission != "reserve":
         # keep clear of the re-prefill bug: a recomputed request must re-prefill its prompt and

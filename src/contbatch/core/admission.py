@@ -200,8 +200,10 @@ class _TenantQuota:
             return True
         if cfg.max_kv_blocks is None or self.memory is None:
             return False
-        # a request preempted before needs room for all it knew (the memory's thrash guard)
-        need = self.memory.kv.num_blocks_for(max(request.num_prompt_tokens, request.num_known_tokens))
+        # a request preempted before needs room for all it knew (the memory's thrash guard); under
+        # reserve admission it takes its whole reservation at once
+        first = self.memory.first_hold(request, request.num_prompt_tokens)
+        need = self.memory.kv.num_blocks_for(max(first, request.num_known_tokens))
         return self.blocks[request.tenant] + need > cfg.max_kv_blocks
 
     def add(self, request: Request) -> None:
