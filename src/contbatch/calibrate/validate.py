@@ -160,8 +160,9 @@ def validate(
     runs = [_replay(base, config, trace, points) for _ in range(replays)]
     by_source: dict[str, tuple[Speed, ...]] = {}
     if isinstance(cost, ProfileCost):
-        by_source["step-kinds"] = tuple(kind_speeds(cost, run.steps) for run in runs)
-        by_source["steps"] = tuple((speed, speed) for speed in (step_speed(cost, run.steps) for run in runs))
+        totals = [step_totals(cost, run.steps) for run in runs]  # one pricing pass per replay
+        by_source["step-kinds"] = tuple(speeds_by_kind(t) for t in totals)
+        by_source["steps"] = tuple((whole_speed(t), whole_speed(t)) for t in totals)
     if reference_probe is not None:
         probed = (speed_factor(run.probe, reference_probe) for run in runs if run.probe)
         by_source["probe"] = tuple((speed, speed) for speed in probed)
@@ -186,23 +187,48 @@ def validate(
     )  # fmt: skip
 
 
-def step_speed(cost: ProfileCost, steps: list[StepSample]) -> float:
-    """The machine's speed during a replay against calibration, from its own engine steps: their
-    total measured cycle time over the profile's price of the same steps at calibration speed
-    (1.0 without steps)."""
+Totals = tuple[tuple[float, float], tuple[float, float]]  # (measured ms, priced ms): decode-only steps, with prefill
+
+
+def step_totals(cost: ProfileCost, steps: list[StepSample]) -> Totals:
+    """One pass over a replay's engine steps: their measured cycle time and the profile's price of
+    the same steps at calibration speed, for the decode-only steps and for those with prefill."""
     calibrated = cost.at_speed(1.0)
-    priced = sum(calibrated.step_time(step.to_output()) for step in steps) * 1000.0
-    measured = sum(step.ms for step in steps)
-    return measured / priced if steps and priced > 0 else 1.0
+    decode = [step for step in steps if not step.num_prefill_tokens]
+    prefill = [step for step in steps if step.num_prefill_tokens]
+
+    def total(kind: list[StepSample]) -> tuple[float, float]:
+        return sum(s.ms for s in kind), 1000.0 * sum(calibrated.step_time(s.to_output()) for s in kind)
+
+    return total(decode), total(prefill)
+
+
+def _ratio(measured: float, priced: float, default: float) -> float:
+    return measured / priced if priced > 0 else default
+
+
+def whole_speed(totals: Totals) -> float:
+    """The machine's speed during a replay against calibration: all its steps' measured time over
+    their price (1.0 without steps)."""
+    (dm, dp), (pm, pp) = totals
+    return _ratio(dm + pm, dp + pp, 1.0)
+
+
+def speeds_by_kind(totals: Totals) -> Speed:
+    """`whole_speed` of the decode-only steps and of the steps with prefill apart; a kind the
+    replay has no step of takes the speed of all its steps."""
+    whole = whole_speed(totals)
+    return _ratio(*totals[0], whole), _ratio(*totals[1], whole)
+
+
+def step_speed(cost: ProfileCost, steps: list[StepSample]) -> float:
+    """`whole_speed` of `steps` (the `steps` speed source)."""
+    return whole_speed(step_totals(cost, steps))
 
 
 def kind_speeds(cost: ProfileCost, steps: list[StepSample]) -> Speed:
-    """`step_speed` of the decode-only steps and of the steps with prefill tokens apart; a kind
-    the replay has no step of takes the speed of all its steps."""
-    whole = step_speed(cost, steps)
-    decode = [step for step in steps if not step.num_prefill_tokens]
-    prefill = [step for step in steps if step.num_prefill_tokens]
-    return (step_speed(cost, decode) if decode else whole, step_speed(cost, prefill) if prefill else whole)
+    """`speeds_by_kind` of `steps` (the `step-kinds` speed source)."""
+    return speeds_by_kind(step_totals(cost, steps))
 
 
 @dataclass(frozen=True, slots=True)
