@@ -22,7 +22,15 @@ from contbatch.sim.cost import AffineCost
 from contbatch.sim.loop import simulate
 from contbatch.traces import Trace, TraceRequest
 
-TRUE = Terms(base_ms=20.0, prefill_ms=0.1, decode_ms=1.0, context_ms=0.002, prefill_pair_ms=0.0002, delivery_ms=3.0)
+TRUE = Terms(
+    base_ms=20.0,
+    prefill_ms=0.1,
+    decode_ms=1.0,
+    context_ms=0.002,
+    prefill_pair_ms=0.0002,
+    batch_pair_ms=0.00003,
+    delivery_ms=3.0,
+)
 CONFIG: SchedulerConfig = PRESETS["engine"]
 
 
@@ -63,20 +71,40 @@ def test_linearisation_is_exact_at_the_simulated_terms() -> None:
     assert _solve(samples) == pytest.approx(TRUE.theta, rel=1e-6)
 
 
-def test_fit_recovers_the_cost_that_made_the_observations() -> None:
-    result = fit(probe_runs(), CONFIG)
+@pytest.mark.parametrize("method", ["steps", "chunks"])
+def test_fit_recovers_the_cost_that_made_the_observations(method: str) -> None:
+    result = fit(probe_runs(), CONFIG, method=method)
     assert result.terms.theta == pytest.approx(TRUE.theta, rel=1e-4)
     assert result.objective == pytest.approx(0.0, abs=1e-9)
     assert all(r.ttft_mean_abs_rel < 1e-6 for r in result.residuals)
+    assert (len(result.iterations) == 1) == (method == "steps")  # steps: one simulation, for the delivery
 
 
 def test_fit_from_a_far_start_reaches_the_same_terms() -> None:
-    far = Terms(base_ms=60.0, prefill_ms=0.0, decode_ms=0.0, context_ms=0.0, prefill_pair_ms=0.0, delivery_ms=0.0)
-    assert fit(probe_runs(), CONFIG, start=far).terms.theta == pytest.approx(TRUE.theta, rel=1e-3)
+    far = Terms(
+        base_ms=60.0,
+        prefill_ms=0.0,
+        decode_ms=0.0,
+        context_ms=0.0,
+        prefill_pair_ms=0.0,
+        batch_pair_ms=0.0,
+        delivery_ms=0.0,
+    )
+    assert fit(probe_runs(), CONFIG, start=far, method="chunks").terms.theta == pytest.approx(TRUE.theta, rel=1e-3)
+
+
+def test_fit_by_steps_falls_back_to_chunks_with_few_timed_steps() -> None:
+    runs = [run for run in probe_runs() if run.kind == "prefill"]  # one request at a time: 3 steps each
+    assert fit(runs, CONFIG).iterations == fit(runs, CONFIG, method="chunks").iterations
+
+
+def test_an_unknown_fit_method_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown fit method 'table'; known: steps, chunks"):
+        fit(probe_runs(), CONFIG, method="table")
 
 
 def test_the_cost_is_an_affine_cost() -> None:
-    assert TRUE.cost() == AffineCost(20.0, 0.1, 1.0, 0.002, prefill_pair_ms=0.0002)
+    assert TRUE.cost() == AffineCost(20.0, 0.1, 1.0, 0.002, prefill_pair_ms=0.0002, batch_pair_ms=0.00003)
 
 
 def test_prefill_token_pairs_count_causal_attention_of_prefill_chunks() -> None:
@@ -91,6 +119,17 @@ def test_prefill_token_pairs_count_causal_attention_of_prefill_chunks() -> None:
     assert dataclasses.replace(plain, prefill_pair_ms=0.5).step_time(out) == pytest.approx(0.5 * 46 / 1000)
 
 
+def test_batch_token_pairs_count_every_query_token_against_every_kv_position_read() -> None:
+    from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
+    from contbatch.sim.cost import batch_token_pairs
+
+    chunks = (ScheduledChunk("a", 0, 4, True, True), ScheduledChunk("c", 50, 1, False, True))
+    out = SchedulerOutput(0, chunks, 5, 4, 1, 4 + 51, num_requests=2)
+    assert batch_token_pairs(out) == 5 * 55  # the decode's query meets the prompt's positions too (dense mask)
+    plain = AffineCost(base_ms=0, prefill_ms=0, decode_ms=0, context_ms=0, swap_ms_per_block=0)
+    assert dataclasses.replace(plain, batch_pair_ms=0.5).step_time(out) == pytest.approx(0.5 * 275 / 1000)
+
+
 def test_fit_prices_each_run_at_the_speed_its_probes_found() -> None:
     """Runs observed on a machine whose speed moved (x0.8 to x1.25, as their speed probes say)
     give the terms of the reference speed, the probes' geometric mean, exactly."""
@@ -100,7 +139,7 @@ def test_fit_prices_each_run_at_the_speed_its_probes_found() -> None:
         specs = [TraceRequest(r.request_id, r.send_ts, r.num_prompt_tokens, r.max_tokens) for r in run.requests]
         moved = observed_run(run.name, run.kind, specs, TRUE.scaled(speed))
         runs.append(dataclasses.replace(moved, params={"speed_probe_ms": [10.0 * speed, 10.0 * speed]}))
-    result = fit(runs, CONFIG)
+    result = fit(runs, CONFIG, method="chunks")
     assert result.speed_reference_ms == pytest.approx(10.0)
     assert result.terms.theta == pytest.approx(TRUE.theta, rel=1e-4)
     assert result.speeds["decode-n8-p32"] == pytest.approx(0.8)

@@ -50,13 +50,12 @@ from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.engine.replay import replay
 from contbatch.metrics import summarize
 from contbatch.sim.cost import CostModel
-from contbatch.sim.costs.profile import ProfileCost
+from contbatch.sim.costs.profile import ProfileCost, Speed, Totals, speeds_by_kind, whole_speed
 from contbatch.sim.loop import simulate
 from contbatch.traces import Trace
 
 # where each replay's machine speed comes from (see the module docstring, step 2)
 SPEED_SOURCES = ("step-kinds", "steps", "probe", "calibration")
-Speed = tuple[float, float]  # step times now over at calibration: (decode-only steps, steps with prefill)
 LATENCY_NAMES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E"))
 STAT_NAMES = (("mean", "mean"), ("median", "p50"), ("p90", "p90"), ("p99", "p99"))
 # (summary key, label, unit) in the order they are reported
@@ -187,9 +186,6 @@ def validate(
     )  # fmt: skip
 
 
-Totals = tuple[tuple[float, float], tuple[float, float]]  # (measured ms, priced ms): decode-only steps, with prefill
-
-
 def step_totals(cost: ProfileCost, steps: list[StepSample]) -> Totals:
     """One pass over a replay's engine steps: their measured cycle time and the profile's price of
     the same steps at calibration speed, for the decode-only steps and for those with prefill."""
@@ -201,24 +197,6 @@ def step_totals(cost: ProfileCost, steps: list[StepSample]) -> Totals:
         return sum(s.ms for s in kind), 1000.0 * sum(calibrated.step_time(s.to_output()) for s in kind)
 
     return total(decode), total(prefill)
-
-
-def _ratio(measured: float, priced: float, default: float) -> float:
-    return measured / priced if priced > 0 else default
-
-
-def whole_speed(totals: Totals) -> float:
-    """The machine's speed during a replay against calibration: all its steps' measured time over
-    their price (1.0 without steps)."""
-    (dm, dp), (pm, pp) = totals
-    return _ratio(dm + pm, dp + pp, 1.0)
-
-
-def speeds_by_kind(totals: Totals) -> Speed:
-    """`whole_speed` of the decode-only steps and of the steps with prefill apart; a kind the
-    replay has no step of takes the speed of all its steps."""
-    whole = whole_speed(totals)
-    return _ratio(*totals[0], whole), _ratio(*totals[1], whole)
 
 
 def step_speed(cost: ProfileCost, steps: list[StepSample]) -> float:

@@ -76,7 +76,9 @@ def add_observe_parsers(commands: Any) -> None:
     observe.add_argument("--extensions", choices=("auto", "on", "off"), default="auto",
                          help="vLLM's ignore_eos, continuous_usage_stats (auto: if the server takes them)")  # fmt: skip
     observe.add_argument("--timeout", type=float, default=120.0, help="per request, seconds between reads")
-    observe.add_argument("--seed", type=int, default=0)
+    observe.add_argument("--seed", type=int, default=0,
+                         help="arrivals, lengths and prompt texts (0); against a server with prefix caching give "
+                         "each observation its own seed, or its prompts hit what the same seed cached")  # fmt: skip
     observe.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                          help="no fixed one-request probe around each run (machine drift)")  # fmt: skip
     observe.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -99,6 +101,9 @@ def _add_fit_parser(commands: Any) -> None:
     fit.add_argument("--scheduler", default="continuous", help="continuous (default) or static")
     fit.add_argument("--runs", default=_DEFAULT_KINDS, help=f"run kinds to fit on ({_DEFAULT_KINDS})")
     fit.add_argument("--out", required=True, type=Path, help="the profile JSON file to write")
+    fit.add_argument("--method", choices=("steps", "chunks"), default="steps",
+                     help="step terms from the server's steps read from the streamed chunks, then the delivery "
+                     "(default; chunks below 50 timed steps), or all terms by matching every chunk time")  # fmt: skip
     fit.add_argument("--json", action="store_true", help="print the fit as JSON")
 
 
@@ -241,7 +246,7 @@ def run_fit_command(args: argparse.Namespace) -> int:
         return 2
     runs = _unique([obs.select(kinds) for obs in observations])
     try:
-        result = fit(runs, config, scheduler=scheduler)
+        result = fit(runs, config, scheduler=scheduler, method=args.method)
     except FitError as exc:
         print(f"contbatch fit: error: {exc}", file=sys.stderr)
         return 2
@@ -264,8 +269,8 @@ def _fit_text(result: Any, args: argparse.Namespace) -> str:
         f"profile: {args.out} (server {args.server}{''.join(' --set ' + o for o in args.overrides)}; "
         f"{result.num_requests} requests, {len(result.iterations)} simulations)",
         f"step ms = {t.base_ms:.4g} + {t.prefill_ms:.4g} x prefill + {t.decode_ms:.4g} x decode "
-        f"+ {t.context_ms:.4g} x context tokens + {t.prefill_pair_ms:.4g} x prefill token pairs; "
-        f"delivery {t.delivery_ms:.3g} ms per chunk",
+        f"+ {t.context_ms:.4g} x context tokens + {t.prefill_pair_ms:.4g} x prefill token pairs "
+        f"+ {t.batch_pair_ms:.4g} x batch token pairs; delivery {t.delivery_ms:.3g} ms per chunk",
         f"objective per request: {result.objective:.4g} (relative TTFT error^2 + mean relative gap error^2)",
         "",
         f"{'run':<22}{'reqs':>5}{'TTFT obs':>10}{'pred':>9}{'|err|':>7}{'gap obs':>9}{'pred':>8}{'|err|':>7}",
@@ -305,9 +310,13 @@ def run_observed_validate(args: argparse.Namespace) -> int:
         print(f"contbatch validate: error: --observed: no run of kind {', '.join(kinds)} in the files", file=sys.stderr)
         return 2
     delivery = float(observed["delivery_ms"])
-    reference = observed.get("speed_reference_ms") if args.speed_probe else None
+    source = (args.speed_source or "steps") if args.speed_probe else "calibration"
+    reference = observed.get("speed_reference_ms")
+    scheduler = observed["scheduler"]
     results = [
-        validate_runs(runs, config, cost, delivery_ms=delivery, scheduler=observed["scheduler"], reference_ms=reference)
+        validate_runs(
+            runs, config, cost, delivery_ms=delivery, scheduler=scheduler, speed_source=source, reference_ms=reference
+        )
         for runs in groups.values()
     ]
     plots = _plots(results, args.plot) if args.plot is not None else []
@@ -318,9 +327,8 @@ def run_observed_validate(args: argparse.Namespace) -> int:
     print(f"profile: {args.profile} (server {observed['server']}, delivery {delivery:.3g} ms); "
           f"observations: {', '.join(str(p) for p in args.observed)}\n")  # fmt: skip
     print(format_runs(results))
-    speeds = "; ".join(f"{r.name} " + ", ".join(f"x{s:.3f}" for s in r.speeds) for r in results)
-    found = f"machine speed per replay (speed probe against the fit's): {speeds}"
-    print(found if reference else "no speed probe: predicted at the fit's speed")
+    speeds = "; ".join(f"{r.name} " + ", ".join(f"x{d:.3f}/x{p:.3f}" for d, p in r.speeds) for r in results)
+    print(f"machine speed per replay ({source}; decode-only steps / steps with prefill, against the fit's): {speeds}")
     for path in plots:
         print(f"plot: {path}")
     return 0

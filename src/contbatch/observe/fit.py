@@ -2,10 +2,24 @@
 
 The model: a step of the server costs ``base + prefill x (prefill + padding tokens) + decode x
 decode tokens + context x KV positions read + prefill_pair x (prefill token, attended position)
-pairs`` ms (`contbatch.sim.cost.AffineCost`, the profile's ``affine`` fit; the last term is the
-quadratic part of a long prompt's cost, `prefill_token_pairs`), and every chunk reaches the
+pairs + batch_pair x (query token, KV position) pairs of the whole batch`` ms
+(`contbatch.sim.cost.AffineCost`, the profile's ``affine`` fit; the prefill pairs are the
+quadratic part of a long prompt's cost, `prefill_token_pairs`; the batch pairs that of a server
+running one dense masked attention over its packed batch, `batch_token_pairs`), and every chunk reaches the
 client ``delivery`` ms after the step that produced its last token ended (HTTP, serialisation,
 the network: a latency the schedule never sees).
+
+Two methods (`METHODS`):
+
+- ``steps`` (the default): the server's steps read from the outside (`contbatch.observe.steps`:
+  the chunks of one step arrive together, and a step's content is known when nothing was
+  half-done in it) give the step terms directly, by the weighted least squares of their durations
+  (each step's relative error, every term >= 0, solved exactly as below: ``step_samples``). Then
+  each run is simulated once, at the machine speed its own timed steps ran at against those
+  terms (`step_totals`), and the delivery is the value that minimises ``J`` below with the step
+  terms fixed (closed form). The probes' speeds play no part. It needs `MIN_TIMED_STEPS` timed
+  steps, else it is the other method.
+- ``chunks``: the step terms and the delivery together, by matching every chunk time, as follows.
 
 The objective, over the completed requests ``i`` of every run used::
 
@@ -26,17 +40,18 @@ The minimisation starts from the probes' direct readings (`initial_terms`), fits
 all runs. Each fit alternates two exact steps (a Gauss-Newton iteration whose Jacobian is exact):
 simulate at ``theta_k``, which fixes the schedule and makes every prediction linear in theta
 (`replay.linearise`); then solve that weighted least squares with every term >= 0 (exactly:
-with five terms every subset is solved and the best one without a negative term wins). It stops
+with seven terms every subset is solved and the best one without a negative term wins). It stops
 when theta moves by less than 0.1 % or after `MAX_ITERATIONS`, and returns the iterate of lowest
 simulated ``J`` (a schedule may flip between two iterates).
 
-Machine drift: each run is simulated with every step term multiplied by the machine's speed
-during it (`replay.run_speeds`, from the speed probe `observe` sends around every run), so the
-terms are those of the machine at the reference speed (``speed_reference_ms`` in the profile);
-`validate --observed` prices a held-out run at the speed its own probes found.
+Machine drift (``chunks``): each run is simulated with every step term multiplied by the
+machine's speed during it (`replay.run_speeds`, from the speed probe `observe` sends around every
+run), so the terms are those of the machine at the reference speed (``speed_reference_ms`` in
+the profile); `validate --observed --speed-source probe` prices a held-out run at the speed its
+own probes found (its default: at the speed its own timed steps ran at).
 
 Invariant: on a server that *is* the simulator with an affine cost and the same config
-(`contbatch serve --backend sim`), the fixed point is that cost, up to the noise of the HTTP
+(`contbatch serve --backend sim`), both methods give that cost, up to the noise of the HTTP
 path (`tests/observe`); on observations the simulator produced, exactly that cost.
 """
 
@@ -54,16 +69,29 @@ import numpy as np
 
 from contbatch.core import SchedulerConfig
 from contbatch.observe.record import ObservedRun
-from contbatch.observe.replay import NUM_STEP_TERMS, NUM_TERMS, Replay, Sample, linearise, replay, run_speeds
+from contbatch.observe.replay import (
+    NUM_STEP_TERMS,
+    NUM_TERMS,
+    Replay,
+    Sample,
+    linearise,
+    replay,
+    run_speeds,
+    step_features,
+)
+from contbatch.observe.steps import step_totals, timed_steps
 from contbatch.sim.cost import AffineCost
+from contbatch.sim.costs.profile import whole_speed
 
-TERMS = ("base_ms", "prefill_ms", "decode_ms", "context_ms", "prefill_pair_ms", "delivery_ms")
+TERMS = ("base_ms", "prefill_ms", "decode_ms", "context_ms", "prefill_pair_ms", "batch_pair_ms", "delivery_ms")
 OBJECTIVE = (
     "sum over completed requests of ((predicted TTFT - observed) / observed)^2 + mean over the request's chunk "
     "gaps of ((predicted gap - observed) / observed mean gap)^2; predictions from simulating the observed runs; "
     "in runs sent all at once, TTFTs and the gaps before every request started are not fitted"
 )
 MAX_ITERATIONS = 12
+METHODS = ("steps", "chunks")
+MIN_TIMED_STEPS = 50  # fewer timed steps than this: `fit` by steps falls back to chunks
 TOLERANCE = 1e-3
 
 
@@ -78,6 +106,7 @@ class Terms:
     decode_ms: float
     context_ms: float
     prefill_pair_ms: float
+    batch_pair_ms: float
     delivery_ms: float
 
     @property
@@ -86,15 +115,14 @@ class Terms:
 
     def cost(self, swap_ms_per_block: float = 0.32) -> AffineCost:
         return AffineCost(self.base_ms, self.prefill_ms, self.decode_ms, self.context_ms, swap_ms_per_block,
-                          self.prefill_pair_ms)  # fmt: skip
+                          self.prefill_pair_ms, self.batch_pair_ms)  # fmt: skip
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in TERMS}
 
     def scaled(self, speed: float) -> Terms:
         """The step terms at a machine `speed` times slower (delivery is no step's and stays)."""
-        base, prefill, decode, context, pairs = (speed * v for v in self.theta[:NUM_STEP_TERMS])
-        return Terms(base, prefill, decode, context, pairs, self.delivery_ms)
+        return dataclasses.replace(self, **{name: speed * getattr(self, name) for name in TERMS[:NUM_STEP_TERMS]})
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +153,7 @@ class FitResult:
 
 
 def _solve(samples: Sequence[Sample]) -> tuple[float, ...]:
-    """Weighted non-negative least squares of the linearised samples, exactly: with six terms,
+    """Weighted non-negative least squares of the linearised samples, exactly: with seven terms,
     every subset of them is solved unconstrained and the best solution with no negative term wins."""
     x = np.array([s.features for s in samples])
     y = np.array([s.observed - s.offset for s in samples])
@@ -164,7 +192,7 @@ def initial_terms(runs: Sequence[ObservedRun]) -> Terms:
     slope, intercept = 0.0, step
     if len({p for p, _ in points}) >= 2:
         slope, intercept = (float(v) for v in np.polyfit([p for p, _ in points], [t for _, t in points], 1))
-    return Terms(1000 * step, 1000 * max(slope, 0.0), 0.0, 0.0, 0.0, 1000 * max(intercept - step, 0.0))
+    return Terms(1000 * step, 1000 * max(slope, 0.0), 0.0, 0.0, 0.0, 0.0, 1000 * max(intercept - step, 0.0))
 
 
 def _simulate(
@@ -195,14 +223,26 @@ def steady(run: ObservedRun, samples: list[Sample]) -> list[Sample]:
 
 
 def fit(
-    runs: Sequence[ObservedRun], config: SchedulerConfig, *, scheduler: str = "continuous", start: Terms | None = None
+    runs: Sequence[ObservedRun],
+    config: SchedulerConfig,
+    *,
+    scheduler: str = "continuous",
+    start: Terms | None = None,
+    method: str = "steps",
 ) -> FitResult:
-    """Fit `Terms` to `runs` (module docstring), from `start` (default: `initial_terms`)."""
+    """Fit `Terms` to `runs` (module docstring) by `method`; ``chunks`` from `start` (default:
+    `initial_terms`)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown fit method {method!r}; known: {', '.join(METHODS)}")
     used = [run for run in runs if run.kind != "warmup" and run.completed]
     if not used:
         raise FitError("no completed request in the runs to fit (observe prefill, decode or open runs first)")
-    terms = start or initial_terms(used)
     speeds, reference = run_speeds(used)
+    if method == "steps":
+        steps = step_samples(used, config)
+        if len(steps) >= MIN_TIMED_STEPS:
+            return _fit_by_steps(used, config, scheduler, steps, reference)
+    terms = start or initial_terms(used)
     closed = [run for run in used if run.kind != "open"]
     history: list[tuple[float, Terms, list[Sample]]] = []
     if closed and len(closed) < len(used):
@@ -215,6 +255,52 @@ def fit(
     iterations = tuple({**t.as_dict(), "objective": j / max(num_requests, 1)} for j, t, _ in history)
     return FitResult(best_terms, best / max(num_requests, 1), num_requests, iterations,
                      residuals(used, best_samples, best_terms.theta), reference, speeds)  # fmt: skip
+
+
+def step_samples(runs: Sequence[ObservedRun], config: SchedulerConfig) -> list[Sample]:
+    """Every timed step of `runs` (`contbatch.observe.steps`) as a sample: its duration against
+    its features, weighted as a relative error, the decode-only steps together as much as those
+    with a prefill (these are a few percent of the steps, and decide every TTFT)."""
+    steps = [(run.name, step) for run in runs for step in timed_steps(run, config.max_num_batched_tokens)]
+    with_prefill = sum(1 for _, step in steps if step.out.num_prefill_tokens)
+    counts = (max(len(steps) - with_prefill, 1), max(with_prefill, 1))
+    return [Sample(name, f"step-{step.out.step_id}", "step", step.duration_s, 0.0, (*step_features(step.out), 0.0),
+                   1.0 / (step.duration_s * math.sqrt(counts[bool(step.out.num_prefill_tokens)])))
+            for name, step in steps]  # fmt: skip
+
+
+def _fit_by_steps(
+    runs: Sequence[ObservedRun],
+    config: SchedulerConfig,
+    scheduler: str,
+    steps: Sequence[Sample],
+    reference: float | None,
+) -> FitResult:
+    """The step terms from the timed steps' least squares; then, each run simulated at its own
+    machine speed against them (`step_totals`), the delivery from its chunks' least squares."""
+    step_terms = Terms(*_solve(steps))
+    speeds = {run.name: whole_speed(step_totals(run, step_terms.cost(), config.max_num_batched_tokens))
+              for run in runs}  # fmt: skip
+    _, samples = _simulate(runs, config, step_terms, scheduler, speeds)
+    if not samples:
+        raise FitError("the simulated runs produced no chunk to compare with")
+    terms = dataclasses.replace(step_terms, delivery_ms=_delivery(samples, step_terms.theta))
+    num_requests = sum(1 for s in samples if s.kind == "ttft")
+    j = objective(samples, terms.theta) / max(num_requests, 1)
+    return FitResult(terms, j, num_requests, ({**terms.as_dict(), "objective": j},),
+                     residuals(runs, samples, terms.theta), reference, speeds)  # fmt: skip
+
+
+def _delivery(samples: Sequence[Sample], theta: Sequence[float]) -> float:
+    """The delivery (ms, >= 0) that minimises the objective with the step terms of `theta` fixed."""
+    fixed = (*theta[:NUM_STEP_TERMS], 0.0)
+    num = den = 0.0
+    for s in samples:
+        f = s.features[NUM_STEP_TERMS]
+        if f:
+            num += s.weight**2 * f * (s.observed - s.predicted(fixed))
+            den += (s.weight * f) ** 2
+    return max(num / den, 0.0) if den else 0.0
 
 
 def _iterate(

@@ -58,6 +58,7 @@ def profile_document(
                 "decode_ms": cost.decode_ms,
                 "context_ms": cost.context_ms,
                 "prefill_pair_ms": cost.prefill_pair_ms,
+                "batch_pair_ms": cost.batch_pair_ms,
             },
         },
         "chosen": "affine",

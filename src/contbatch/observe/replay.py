@@ -8,8 +8,8 @@ see, are left out). `replay` simulates it with an `AffineCost` and records every
 The linearisation (`linearise`): in the simulation a step ends at ``e_j = a_j + sum over the
 steps of its busy period up to j of cost(step)``, where ``a_j`` is the time that busy period
 began (an arrival: constant in the cost terms) and ``cost(step) = phi(step) . theta`` with
-``phi = (1, prefill + padding tokens, decode tokens, context positions, prefill token pairs) /
-1000`` and ``theta``
+``phi = (1, prefill + padding tokens, decode tokens, context positions, prefill token pairs,
+batch token pairs) / 1000`` and ``theta``
 the affine terms in ms. So, for the schedule the simulator chose, every chunk's predicted arrival
 is ``c + Phi . theta + delivery`` with ``Phi`` the busy period's cumulative features: exact at the
 ``theta`` simulated, and exact nearby as long as the schedule does not change. `Sample` holds one
@@ -26,15 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contbatch.core import SchedulerConfig, make_scheduler
+from contbatch.core.outputs import SchedulerOutput
 from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
 from contbatch.loop.observe import StepObserver, StepRecord
 from contbatch.observe.record import ObservedRequest, ObservedRun
-from contbatch.sim.cost import AffineCost, prefill_token_pairs
+from contbatch.sim.cost import AffineCost, batch_token_pairs, prefill_token_pairs
 from contbatch.sim.loop import SimResult, simulate
 from contbatch.traces import Trace, TraceRequest
 
-NUM_TERMS = 6  # base, prefill, decode, context, prefill pairs (per step, ms) and delivery (per chunk, ms)
+NUM_TERMS = 7  # base, prefill, decode, context, prefill pairs, batch pairs (per step, ms) and delivery (per chunk, ms)
 NUM_STEP_TERMS = NUM_TERMS - 1
 
 
@@ -122,11 +123,11 @@ class Sample:
         return self.offset + sum(f * t for f, t in zip(self.features, theta, strict=True))
 
 
-def _phi(record: StepRecord) -> tuple[float, ...]:
-    out = record.out
+def step_features(out: SchedulerOutput) -> tuple[float, ...]:
+    """``phi`` of a step (module docstring): its cost in seconds is ``phi . theta[:NUM_STEP_TERMS]``."""
     pairs = prefill_token_pairs(out) if out.num_prefill_tokens else 0
     return (1e-3, 1e-3 * (out.num_prefill_tokens + out.num_padding_tokens), 1e-3 * out.num_decode_tokens,
-            1e-3 * out.num_context_tokens, 1e-3 * pairs)  # fmt: skip
+            1e-3 * out.num_context_tokens, 1e-3 * pairs, 1e-3 * batch_token_pairs(out))  # fmt: skip
 
 
 def _cumulative(steps: Sequence[StepRecord]) -> list[tuple[float, ...]]:
@@ -135,7 +136,7 @@ def _cumulative(steps: Sequence[StepRecord]) -> list[tuple[float, ...]]:
     prev_end = float("-inf")
     running: tuple[float, ...] = (0.0,) * NUM_STEP_TERMS
     for record in steps:
-        phi = _phi(record)
+        phi = step_features(record.out)
         fresh = record.start_ts > prev_end + 1e-9
         running = phi if fresh else tuple(a + b for a, b in zip(running, phi, strict=True))
         cumulative.append(running)

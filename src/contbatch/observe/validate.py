@@ -10,10 +10,13 @@ measured - 1, as `contbatch validate` does for the engine (`contbatch.calibrate.
 Replays: a run of the same name in several observation files is a replay of one load (the
 same plan); a metric's row is the replay whose error is the median (for an even count, the mean
 of the two middle replays' values), so one minute of a drifting machine decides no row; every
-replay's values are kept. Machine drift: each replay is predicted at the speed its own speed probes found against the
-fit's reference (`contbatch.observe.probe`; ``--no-speed-probe``: at the reference speed). The
-measured timelines arrive at the send time (the server cannot
-start earlier), as the simulated ones do.
+replay's values are kept. Machine drift (`speed_source`, the names of `contbatch validate`):
+``steps`` (the default) predicts each replay at the speed its own steps, read from the outside
+(`contbatch.observe.steps`), ran at against the profile; ``step-kinds`` at two, its decode-only
+steps' and its steps' with a prefill (a run has few of those timed: a noisier figure);
+``probe`` at the speed its speed probes found against the fit's reference
+(`contbatch.observe.probe`); ``calibration`` at the fit's speed. The measured timelines arrive
+at the send time (the server cannot start earlier), as the simulated ones do.
 """
 
 from __future__ import annotations
@@ -23,14 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contbatch.calibrate.validate import METRICS, MetricRow
+from contbatch.calibrate.validate import METRICS, SPEED_SOURCES, MetricRow
 from contbatch.core import SchedulerConfig, make_scheduler
 from contbatch.core.timeline import Timeline
 from contbatch.metrics import summarize
 from contbatch.observe.record import ObservedRun
 from contbatch.observe.replay import probe_ms, run_trace
+from contbatch.observe.steps import step_totals
 from contbatch.sim.cost import CostModel
-from contbatch.sim.costs.profile import ProfileCost
+from contbatch.sim.costs.profile import ProfileCost, Speed, speeds_by_kind, whole_speed
 from contbatch.sim.loop import simulate
 
 
@@ -43,7 +47,8 @@ class RunValidation:
     predicted: tuple[Timeline, ...]
     replays: tuple[dict[str, float], ...]  # each replay's measured value of every METRICS key
     predicted_replays: tuple[dict[str, float], ...]
-    speeds: tuple[float, ...] = ()  # each replay's machine speed against the fit's reference
+    speeds: tuple[tuple[float, float], ...] = ()  # each replay's machine speed (decode-only steps, with prefill)
+    speed_source: str = "steps"
 
     def row(self, key: str) -> MetricRow:
         return next(r for r in self.rows if r.key == key)
@@ -53,7 +58,7 @@ class RunValidation:
             "run": self.name, "num_requests": self.num_requests,
             "metrics": {r.key: {"label": r.label, "unit": r.unit, "predicted": r.predicted, "measured": r.measured,
                                 "rel_error": r.rel_error} for r in self.rows},
-            "machine_speed_per_replay": list(self.speeds),
+            "machine_speed_per_replay": [list(s) for s in self.speeds], "speed_source": self.speed_source,
             "measured_replays": list(self.replays), "predicted_replays": list(self.predicted_replays),
         }  # fmt: skip
 
@@ -84,10 +89,18 @@ def shifted(timeline: Timeline, delay_s: float) -> Timeline:
     return moved
 
 
-def run_speed(run: ObservedRun, reference_ms: float | None) -> float:
-    """The machine's speed during `run` against the fit's reference probe (1 without either)."""
-    probe = probe_ms(run)
-    return 1.0 if probe is None or reference_ms is None else probe / reference_ms
+def run_speed(
+    run: ObservedRun, source: str, cost: CostModel, config: SchedulerConfig, reference_ms: float | None
+) -> Speed:
+    """The machine's speed during `run` by `source` (module docstring): (decode-only steps, steps
+    with a prefill); 1 where the source has nothing to go by."""
+    if source in ("step-kinds", "steps"):
+        priced = cost.at_speed(1.0) if isinstance(cost, ProfileCost) else cost
+        totals = step_totals(run, priced, config.max_num_batched_tokens)
+        return speeds_by_kind(totals) if source == "step-kinds" else (whole_speed(totals),) * 2
+    probe = probe_ms(run) if source == "probe" else None
+    speed = 1.0 if probe is None or reference_ms is None else probe / reference_ms
+    return speed, speed
 
 
 def predict(
@@ -97,12 +110,12 @@ def predict(
     delivery_ms: float,
     scheduler: str,
     *,
-    speed: float = 1.0,
+    speed: Speed = (1.0, 1.0),
 ) -> list[Timeline]:
     trace = run_trace(run)
     if trace is None:
         return []
-    priced = cost.at_speed(speed) if isinstance(cost, ProfileCost) else cost
+    priced = cost.at_speed(*speed) if isinstance(cost, ProfileCost) else cost
     result = simulate(trace, make_scheduler(scheduler, config), priced)
     return [shifted(t, delivery_ms / 1000.0) for t in result.timelines]
 
@@ -132,12 +145,16 @@ def validate_runs(
     *,
     delivery_ms: float,
     scheduler: str,
+    speed_source: str = "steps",
     reference_ms: float | None = None,
 ) -> RunValidation:
-    """One load (`replays`: the runs of one name across files) predicted and compared; with the
-    fit's `reference_ms`, each replay at the machine speed its own speed probes found."""
+    """One load (`replays`: the runs of one name across files) predicted and compared, each
+    replay at the machine speed `speed_source` finds (the ``probe`` source against the fit's
+    `reference_ms`)."""
+    if speed_source not in SPEED_SOURCES:
+        raise ValueError(f"unknown speed source {speed_source!r}; known: {', '.join(SPEED_SOURCES)}")
     measured = [measured_timelines(run) for run in replays]
-    speeds = tuple(run_speed(run, reference_ms) for run in replays)
+    speeds = tuple(run_speed(run, speed_source, cost, config, reference_ms) for run in replays)
     predicted = [
         predict(run, config, cost, delivery_ms, scheduler, speed=s) for run, s in zip(replays, speeds, strict=True)
     ]
@@ -149,7 +166,7 @@ def validate_runs(
     )
     middle = sorted(range(len(replays)), key=lambda i: m_values[i]["mean_e2el_ms"])[(len(replays) - 1) // 2]
     return RunValidation(replays[0].name, len(replays[0].requests), rows, tuple(measured[middle]),
-                         tuple(predicted[middle]), m_values, p_values, speeds)  # fmt: skip
+                         tuple(predicted[middle]), m_values, p_values, speeds, speed_source)  # fmt: skip
 
 
 def group_replays(files: Sequence[Sequence[ObservedRun]], kinds: Sequence[str]) -> dict[str, list[ObservedRun]]:

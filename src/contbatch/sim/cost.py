@@ -108,6 +108,7 @@ class AffineCost:
     context_ms: float = 0.00025  # per KV position read by attention
     swap_ms_per_block: float = 0.32  # per KV block copied to or from host memory
     prefill_pair_ms: float = 0.0  # per (prefill token, position it attends to) pair: `prefill_token_pairs`
+    batch_pair_ms: float = 0.0  # per (query token, KV position) pair of the whole batch: `batch_token_pairs`
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -129,6 +130,8 @@ class AffineCost:
         )
         if self.prefill_pair_ms and out.num_prefill_tokens:
             ms += self.prefill_pair_ms * prefill_token_pairs(out)
+        if self.batch_pair_ms:
+            ms += self.batch_pair_ms * batch_token_pairs(out)
         return ms / 1000.0
 
 
@@ -138,6 +141,15 @@ def prefill_token_pairs(out: SchedulerOutput) -> int:
     prompt's cost that grows with its square (decodes read their context: `num_context_tokens`)."""
     return sum(c.num_new_tokens * c.start + c.num_new_tokens * (c.num_new_tokens + 1) // 2
                for c in out.chunks if c.is_prefill)  # fmt: skip
+
+
+def batch_token_pairs(out: SchedulerOutput) -> int:
+    """The step's (query token, KV position) pairs over its whole packed batch: query tokens x
+    KV positions read. A server that runs one dense masked attention over the packed batch,
+    rather than one per request, computes every pair, the other requests' included:
+    `transformers serve --continuous-batching` on CPU (its varlen path builds a mask of query
+    tokens x (KV read + query tokens); its per-request decode path needs flash attention on a GPU)."""
+    return out.num_batched_tokens * out.num_context_tokens
 
 
 @dataclass(frozen=True, slots=True)

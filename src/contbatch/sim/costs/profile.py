@@ -39,7 +39,7 @@ File format (only the ``cost`` object is read here; the rest is provenance for r
               "loop_base_ms": 0.2, "loop_request_ms": 0.01,
               "swap_ms_per_block": 0.32,
               "affine": {"base_ms": 5.0, "prefill_ms": 0.25, "decode_ms": 0.6, "context_ms": 0.004,
-                         "prefill_pair_ms": 0.0},   # the last optional
+                         "prefill_pair_ms": 0.0, "batch_pair_ms": 0.0},   # the last two optional
               "table": {"prefill_axis": [...], "decode_axis": [...], "context_axis": [...],
                         "step_ms": [...]}},   # TableCost's layout: (c * P + p) * D + d -> ms
      ...}
@@ -70,9 +70,31 @@ PROFILE_VERSION = 1
 PROFILE_MODELS = ("affine", "table")
 PROFILE_PARAMS = ("model", "speed", "prefill_speed")
 AFFINE_FIELDS = ("base_ms", "prefill_ms", "decode_ms", "context_ms")
-AFFINE_OPTIONAL = ("prefill_pair_ms",)  # 0 when absent (profiles written before the term)
+AFFINE_OPTIONAL = ("prefill_pair_ms", "batch_pair_ms")  # 0 when absent (profiles written before the terms)
 TABLE_AXES = ("prefill_axis", "decode_axis", "context_axis")
 MIN_STEP_MS = 0.001  # the floor of a step's price: a step always moves the clock forward
+
+
+Speed = tuple[float, float]  # step times now over at calibration: (decode-only steps, steps with prefill)
+Totals = tuple[tuple[float, float], tuple[float, float]]  # (measured ms, priced ms): decode-only steps, with prefill
+
+
+def _ratio(measured: float, priced: float, default: float) -> float:
+    return measured / priced if priced > 0 else default
+
+
+def whole_speed(totals: Totals) -> float:
+    """The machine's speed during a run against a profile: all its steps' measured time over
+    their price (1.0 without steps)."""
+    (dm, dp), (pm, pp) = totals
+    return _ratio(dm + pm, dp + pp, 1.0)
+
+
+def speeds_by_kind(totals: Totals) -> Speed:
+    """`whole_speed` of the decode-only steps and of the steps with prefill apart; a kind the
+    run has no step of takes the speed of all its steps."""
+    whole = whole_speed(totals)
+    return _ratio(*totals[0], whole), _ratio(*totals[1], whole)
 
 
 @dataclass(frozen=True, slots=True)
