@@ -66,3 +66,20 @@ def test_what_cannot_be_known_from_outside_is_not_timed() -> None:
     merged = ObservedRun("r", "open", {}, (dataclasses.replace(base[0], chunk_ts=(0.10, 0.11, 0.13, 0.14),
                                                                chunk_tokens=(1, 1, 2, 1)),))  # fmt: skip
     assert [round(s.duration_s, 3) for s in timed_steps(merged, BUDGET)] == [0.01]
+
+
+def test_a_request_seen_without_any_chunk_hides_the_steps_it_ran_in_until_it_ended() -> None:
+    """A request answered 200 to `length` whose tokens decoded to no text (it happened: transformers
+    serve, one prompt of the held-out plan) ran unseen: the steps of its life are not timed, and
+    the replay runs it with its `max_tokens`."""
+    from contbatch.observe.replay import run_trace
+
+    base = _request("a", 0.0, (0.10, 0.11, 0.12, 0.13, 0.14, 0.15))
+    unseen = ObservedRequest("u", 0.105, 0.105, 8, 5, (), (), 0.125, FinishReason.LENGTH, 200)
+    run = ObservedRun("r", "open", {}, (base, unseen))
+    assert [round(s.duration_s, 3) for s in timed_steps(run, BUDGET)] == [0.01, 0.01, 0.01]  # 0.11, 0.14, 0.15
+    trace = run_trace(run)
+    assert trace is not None
+    assert [(r.request_id, r.num_output_tokens) for r in trace.requests] == [("a", 6), ("u", 5)]
+    failed = dataclasses.replace(unseen, finish=FinishReason.ERROR, status=500)
+    assert [r.request_id for r in run_trace(dataclasses.replace(run, requests=(base, failed))).requests] == ["a"]

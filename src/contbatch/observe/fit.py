@@ -89,6 +89,7 @@ OBJECTIVE = (
     "gaps of ((predicted gap - observed) / observed mean gap)^2; predictions from simulating the observed runs; "
     "in runs sent all at once, TTFTs and the gaps before every request started are not fitted"
 )
+DELIVERY = TERMS.index("delivery_ms")
 MAX_ITERATIONS = 12
 METHODS = ("steps", "chunks")
 MIN_TIMED_STEPS = 50  # fewer timed steps than this: `fit` by steps falls back to chunks
@@ -152,17 +153,19 @@ class FitResult:
     speeds: Mapping[str, float] = field(default_factory=dict)  # each run's machine speed against it
 
 
-def _solve(samples: Sequence[Sample]) -> tuple[float, ...]:
-    """Weighted non-negative least squares of the linearised samples, exactly: with seven terms,
-    every subset of them is solved unconstrained and the best solution with no negative term wins."""
+def _solve(samples: Sequence[Sample], fixed: Mapping[int, float] | None = None) -> tuple[float, ...]:
+    """Weighted non-negative least squares of the linearised samples, exactly: every subset of the
+    terms is solved unconstrained and the best solution with no negative term wins. The terms in
+    `fixed` (index -> value) are held at their values; a term no sample depends on stays 0."""
+    held = dict(fixed or {})
     x = np.array([s.features for s in samples])
-    y = np.array([s.observed - s.offset for s in samples])
+    y = np.array([s.observed - s.offset for s in samples]) - x[:, list(held)] @ np.array(list(held.values()))
     w = np.array([s.weight for s in samples])
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     xs = x / scale * w[:, None]
     target = y * w
-    usable = [i for i in range(NUM_TERMS) if np.abs(x[:, i]).max() > 0]
+    usable = [i for i in range(NUM_TERMS) if i not in held and np.abs(x[:, i]).max() > 0]
     best, best_cost = np.zeros(NUM_TERMS), float(target @ target)
     for subset in itertools.chain.from_iterable(itertools.combinations(usable, k) for k in range(1, len(usable) + 1)):
         columns = list(subset)
@@ -174,7 +177,10 @@ def _solve(samples: Sequence[Sample]) -> tuple[float, ...]:
         if cost < best_cost:
             best, best_cost = np.zeros(NUM_TERMS), cost
             best[columns] = solution
-    return tuple(float(v) for v in best / scale)
+    best /= scale
+    for index, value in held.items():
+        best[index] = value
+    return tuple(float(v) for v in best)
 
 
 def objective(samples: Sequence[Sample], theta: Sequence[float]) -> float:
@@ -278,29 +284,17 @@ def _fit_by_steps(
 ) -> FitResult:
     """The step terms from the timed steps' least squares; then, each run simulated at its own
     machine speed against them (`step_totals`), the delivery from its chunks' least squares."""
-    step_terms = Terms(*_solve(steps))
+    step_terms = Terms(*_solve(steps, {DELIVERY: 0.0}))
     speeds = {run.name: whole_speed(step_totals(run, step_terms.cost(), config.max_num_batched_tokens))
               for run in runs}  # fmt: skip
     _, samples = _simulate(runs, config, step_terms, scheduler, speeds)
     if not samples:
         raise FitError("the simulated runs produced no chunk to compare with")
-    terms = dataclasses.replace(step_terms, delivery_ms=_delivery(samples, step_terms.theta))
+    terms = Terms(*_solve(samples, {i: v for i, v in enumerate(step_terms.theta) if i != DELIVERY}))
     num_requests = sum(1 for s in samples if s.kind == "ttft")
     j = objective(samples, terms.theta) / max(num_requests, 1)
     return FitResult(terms, j, num_requests, ({**terms.as_dict(), "objective": j},),
                      residuals(runs, samples, terms.theta), reference, speeds)  # fmt: skip
-
-
-def _delivery(samples: Sequence[Sample], theta: Sequence[float]) -> float:
-    """The delivery (ms, >= 0) that minimises the objective with the step terms of `theta` fixed."""
-    fixed = (*theta[:NUM_STEP_TERMS], 0.0)
-    num = den = 0.0
-    for s in samples:
-        f = s.features[NUM_STEP_TERMS]
-        if f:
-            num += s.weight**2 * f * (s.observed - s.predicted(fixed))
-            den += (s.weight * f) ** 2
-    return max(num / den, 0.0) if den else 0.0
 
 
 def _iterate(

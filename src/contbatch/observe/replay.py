@@ -2,8 +2,10 @@
 
 `run_trace` turns a run into a trace on the run's own clock: each request arrives when it was
 sent, with the server's prompt count and the output length it observed (a request cut by the
-client is replayed with its cancel time; failed and rejected ones, which took no capacity we can
-see, are left out). `replay` simulates it with an `AffineCost` and records every step.
+client is replayed with its cancel time; one that finished without a chunk carrying text, its
+tokens decoded to none, ran all the same: with its ``max_tokens`` when it stopped for length;
+failed and rejected ones, which took no capacity we can see, are left out). `replay` simulates it
+with an `AffineCost` and records every step.
 
 The linearisation (`linearise`): in the simulation a step ends at ``e_j = a_j + sum over the
 steps of its busy period up to j of cost(step)``, where ``a_j`` is the time that busy period
@@ -30,7 +32,7 @@ from contbatch.core.outputs import SchedulerOutput
 from contbatch.core.status import FinishReason
 from contbatch.core.timeline import Timeline
 from contbatch.loop.observe import StepObserver, StepRecord
-from contbatch.observe.record import ObservedRequest, ObservedRun
+from contbatch.observe.record import COMPLETED, ObservedRequest, ObservedRun
 from contbatch.sim.cost import AffineCost, batch_token_pairs, prefill_token_pairs
 from contbatch.sim.loop import SimResult, simulate
 from contbatch.traces import Trace, TraceRequest
@@ -70,6 +72,9 @@ def run_trace(run: ObservedRun) -> Trace | None:
             n = r.num_output_tokens
             requests.append(TraceRequest(r.request_id, max(r.send_ts, 0.0), max(r.num_prompt_tokens, 1), n,
                                          max_output_tokens=max(n, r.max_tokens)))  # fmt: skip
+        elif r.finish in COMPLETED:  # it ran, but no chunk carried text (its tokens decoded to none)
+            n = max(r.max_tokens, 1) if r.finish is FinishReason.LENGTH else 1
+            requests.append(TraceRequest(r.request_id, max(r.send_ts, 0.0), max(r.num_prompt_tokens, 1), n))
         elif r.finish is FinishReason.CANCELLED:
             cancel = max(r.end_ts, r.send_ts, 0.0)
             requests.append(TraceRequest(r.request_id, max(r.send_ts, 0.0), max(r.num_prompt_tokens, 1),

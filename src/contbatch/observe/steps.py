@@ -95,7 +95,8 @@ def _waits(run: ObservedRun, found: list[Cluster]) -> tuple[list[int], list[int]
     first_step = [bisect.bisect_right(starts, r.send_ts) + 1 for r in run.requests]
     delta = [0] * (len(found) + 1)
     for i, begin in enumerate(first_step):
-        first = first_at.get(i, len(found))
+        # without a chunk, a request ran unseen until it ended: no step in between is known
+        first = first_at.get(i, bisect.bisect_right(starts, run.requests[i].end_ts) + 1)
         if begin < first:
             delta[begin] += 1
             delta[first] -= 1
