@@ -17,8 +17,8 @@ Two methods (`METHODS`):
   (each step's relative error, every term >= 0, solved exactly as below: ``step_samples``). Then
   each run is simulated once, at the machine speed its own timed steps ran at against those
   terms (`step_totals`), and the delivery is the value that minimises ``J`` below with the step
-  terms fixed (closed form). The probes' speeds play no part. It needs `MIN_TIMED_STEPS` timed
-  steps, else it is the other method.
+  terms held (the same least squares over the delivery alone). The probes' speeds play no part.
+  It needs `MIN_TIMED_STEPS` timed steps, else it is the other method.
 - ``chunks``: the step terms and the delivery together, by matching every chunk time, as follows.
 
 The objective, over the completed requests ``i`` of every run used::

@@ -15,7 +15,10 @@ overrides any field (the KV cache size of a real deployment is never a default: 
   when not inferred from memory), at most ``max_requests_per_batch`` requests (fallback 1,024),
   pages of 256 tokens (``page_size``), block sharing for prefixes, and no new prefill while fewer
   than 15 % of blocks are free (``safety_margin`` 0.15: a watermark); requests that do not fit
-  are evicted and recomputed (no CPU offload by default);
+  are evicted and recomputed (no CPU offload by default). Its second budget, the KV tokens read
+  per batch, is the whole cache (``cache.max_tokens_read``: pages x page size), never tighter
+  than the pool; on CPU every batch runs one dense masked attention (no decode fast path), which
+  a fitted cost prices with its batch-pair term;
 - ``sglang``: SGLang's documented server arguments: ``--chunked-prefill-size`` 8,192 (GPU
   dependent), ``--max-running-requests`` (here 256), a radix prefix cache, token-level KV (block
   1), and admission against a decaying estimate of the outputs still to come
