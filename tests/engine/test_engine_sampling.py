@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contbatch.engine.sampling import Sampler
+from contbatch.engine.sampling import Sampler, greedy_tokens
 from contbatch.loop.params import GREEDY, SamplingParams
 
 
@@ -46,6 +46,18 @@ def _logits(rows: int = 4, vocab: int = 50, seed: int = 0) -> torch.Tensor:
 def test_greedy_is_argmax() -> None:
     logits = _logits()
     assert Sampler().sample(logits, [GREEDY] * 4) == logits.argmax(-1).tolist()
+
+
+def test_greedy_tokens_follow_argmax_on_ties_nan_and_inf() -> None:
+    """The greedy token is `torch.argmax`'s: the first maximum on ties, a NaN counts as the maximum."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (24, 32_000), generator=g).float()  # many ties per row
+    logits[3, 17] = float("nan")
+    logits[5, [2, 31_999]] = float("nan")
+    logits[7] = float("-inf")
+    logits[9, 31_999] = float("inf")
+    assert greedy_tokens(logits) == logits.argmax(dim=-1).tolist()
+    assert greedy_tokens(logits)[3] == 17 and greedy_tokens(logits)[7] == 0 and greedy_tokens(logits)[9] == 31_999
 
 
 def test_top_k_one_and_tiny_top_p_are_argmax() -> None:

@@ -9,7 +9,9 @@ causally within itself and fully over its request's cached prefix [0, start), re
 paged cache through its block table. Single-token chunks (decodes, or the last token of a
 chunked prefill) that are adjacent in the flat batch form decode groups: one padded
 scaled-dot-product call per group, keys and values gathered block-wise once per layer, padding
-masked out. The runner puts them first and sorted by context length, so groups pad little.
+masked out; the query heads that share a KV head are folded into that head's query rows, so the
+call is plain (not grouped-query) attention. The runner puts them first and sorted by context
+length, so groups pad little.
 
 Sliding windows: `windowed(meta, w)` is the same step for a layer whose queries see only the last
 `w` positions (the query at i attends to keys j with i - w < j <= i, transformers' rule). Its
@@ -197,6 +199,24 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
+def _decode_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """Attention of one query token per row: q [B, Hq, d]; k, v [B, L, Hkv, d]; output [B, Hq, d].
+
+    Query head i reads KV head i // (Hq / Hkv) (transformers' `repeat_kv`), so the query heads of
+    one KV head are folded into that head's query rows, [B, Hkv, Hq / Hkv, d]: plain attention
+    without a causal mask (every folded row is the same position and sees the same keys), which
+    scaled-dot-product attention runs in fewer, larger blocks than `enable_gqa` with one query
+    row per head (about 40 % less attention time for 32 rows of the demo model on CPU).
+    """
+    rows, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    folded = q.view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(folded, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
+    return o.reshape(rows, num_heads, head_dim)  # a view unless the kernel wrote [B, n, H, d] memory order
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -222,9 +242,7 @@ def paged_attention(
         index = g.block_ids.view(-1)
         keys = key_cache.index_select(0, index).view(rows, width * block_size, num_kv_heads, head_dim)
         values = value_cache.index_select(0, index).view(rows, width * block_size, num_kv_heads, head_dim)
-        query = q[g.token_begin : g.token_end].unsqueeze(2)  # [B, Hq, 1, d]
-        o = _sdpa(query, keys.transpose(1, 2), values.transpose(1, 2), g.mask, scale)
-        out[g.token_begin : g.token_end] = o.squeeze(2)
+        out[g.token_begin : g.token_end] = _decode_sdpa(q[g.token_begin : g.token_end], keys, values, g.mask, scale)
     for p in meta.prefills:
         end = p.token_begin + p.num_tokens
         if p.context_slots is None:

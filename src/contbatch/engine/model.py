@@ -124,8 +124,9 @@ class LlamaModel:
         self.scale = spec.head_dim**-0.5
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        """transformers' LlamaRMSNorm: normalised in float32, cast back, then scaled by `weight`
+        (`F.rms_norm` without a weight gives the same bits as its pow / mean / rsqrt / mul)."""
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_norm_eps)
         return weight * h.to(x.dtype)
 
     def _attention(
@@ -136,12 +137,13 @@ class LlamaModel:
         meta: AttentionMetadata,
         cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
+        """Self-attention of `x` (the normalised hidden states); q and k heads are rotated in one call."""
         cos, sin = rope
         s = self.spec
         qkv = _matmul(x, layer.qkv_t, layer.qkv_bias)
-        q, k, v = torch.split(qkv, [s.q_size, s.kv_size, s.kv_size], dim=-1)
-        q = apply_rotary(q.view(-1, s.num_heads, s.head_dim), cos, sin)
-        k = apply_rotary(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
+        qk, v = torch.split(qkv, [s.q_size + s.kv_size, s.kv_size], dim=-1)
+        qk = apply_rotary(qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim), cos, sin)
+        q, k = torch.split(qk, [s.num_heads, s.num_kv_heads], dim=1)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         o = paged_attention(q, k, v, cache, meta, scale=self.scale)
         return _matmul(o.view(-1, s.q_size), layer.o_t, layer.o_bias)

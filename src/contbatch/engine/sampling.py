@@ -121,8 +121,9 @@ class Prepared:
         self._greedy: list[int] | None = None
 
     def greedy_token(self, row: int) -> int:
+        """The row's most likely token (the first one on ties, as `argmax`), computed for every row at once."""
         if self._greedy is None:
-            self._greedy = self.adjusted.argmax(dim=-1).tolist()
+            self._greedy = greedy_tokens(self.adjusted)
         return self._greedy[row]
 
     def draw(self, rows: Sequence[int], generators: Sequence[torch.Generator | None] = ()) -> list[int]:
@@ -204,6 +205,14 @@ class Sampler:
             top_p = torch.tensor([p.top_p for p in chosen], device=device, dtype=y.dtype)
             y = _filter_top_k_top_p(y, top_k, top_p)
         return y.softmax(dim=-1).cumsum(dim=-1), _last_nonzero(y)
+
+
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row of `logits` [R, vocab]: the first maximum on ties, NaN counting as
+    the maximum (`torch.argmax`'s rules). `max(dim)` follows the same rules and, on CPU, reduces a
+    batch of vocabulary-sized rows 2-3x faster than `argmax` (about 0.3 ms against 0.8 ms for
+    32 x 32,000 float32 rows on 2 threads)."""
+    return logits.max(dim=-1).indices.tolist()
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[TokenLogprobs]:

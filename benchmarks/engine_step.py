@@ -1,0 +1,342 @@
+"""Decode-step speed of the engine: the working tree against a baseline commit, in one run.
+
+The baseline's `src` is exported with `git archive` into a temporary directory; each repetition
+runs one worker subprocess per side (PYTHONPATH = that side's `src`), the order alternating
+between repetitions, and every number reported is the median over the repetitions. A worker
+loads the demo model (30M, float32) with --threads threads and measures:
+
+- the decode-only step of B requests at context --context (B in --batches), as
+  `engine_vs_hf.decode_step_vs_roofline` does: `ModelRunner.execute` of B single-token chunks,
+  wall and process CPU time per step (the median of --steps steps after 3 warm-up steps), and
+  the time inside the model's `forward` (the rest is the runner's host work: input building,
+  sampling);
+- the roofline of that step, measured in the same process: matmul GFLOP/s and streaming
+  bandwidth (`engine_vs_hf.matmul_flops`, `stream_bandwidth`); `roofline_ms` counts every
+  parameter of the model, as engine_vs_hf does, `roofline_mm_ms` only the weights the step
+  multiplies (the decoder layers and the LM head; the embedding is a lookup of B rows);
+- the host overhead of full engine steps at --engine-batch requests: `LLMEngine.step()`
+  (scheduling, input building, forward, sampling, detokenization) timed after every request's
+  prefill, with the time inside `forward` subtracted; the fraction is (step - forward) / step.
+
+Wall time on this 2-vCPU machine is polluted by anything else running, so the ratios against
+the baseline measured in the same run are the result, not the absolute numbers. Each worker
+starts once /proc/stat shows an idle machine (up to --quiet-wait seconds), and a run whose
+batch-32 step used under 80 % of threads x wall time in CPU time (it lost a core to another job)
+is discarded and run again (up to --retries times; the discarded runs are kept in the JSON).
+Run it alone, under the benchmark lock:
+
+    flock /tmp/contbatch-bench.lock .venv/bin/python benchmarks/engine_step.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- worker (runs against whichever `contbatch` PYTHONPATH names) ---------------------------------------
+
+
+class ForwardTimer:
+    """Wraps a model's `forward`: the seconds spent inside it and the token count of each call."""
+
+    def __init__(self, model: Any) -> None:
+        self.inner: Callable[..., Any] = model.forward
+        self.seconds = 0.0
+        self.tokens: list[int] = []
+        model.forward = self
+
+    def __call__(self, input_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return self.inner(input_ids, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.tokens.append(int(input_ids.shape[0]))
+
+
+def count_params(model: Any) -> tuple[int, int]:
+    """(every parameter of the model, the parameters the decode step multiplies)."""
+    layers = sum(
+        t.numel()
+        for layer in model.layers
+        for f in dataclasses.fields(layer)
+        if (t := getattr(layer, f.name)) is not None
+    )
+    head = model.lm_head_t.numel()
+    tied = model.spec.tie_word_embeddings
+    total = layers + head + model.final_norm.numel() + (0 if tied else model.embed.numel())
+    return total, layers + head
+
+
+def runner_step(runner: Any, batch: int, context: int, steps: int) -> dict[str, float]:
+    """Decode-only steps of `batch` requests at `context` (engine_vs_hf's decode_step setup)."""
+    from contbatch.core.outputs import ScheduledChunk, build_output
+    from contbatch.engine.runner import SequenceState
+    from contbatch.engine.sampling import SamplingParams
+
+    bs = runner.kv_cache.block_size
+    blocks = -(-(context + 1) // bs)
+    seqs, chunks = {}, []
+    for i in range(batch):
+        table = list(range(i * blocks, (i + 1) * blocks))
+        seqs[f"d{i}"] = SequenceState([5] * (context + 1), table, SamplingParams(temperature=0.0))
+        chunks.append(ScheduledChunk(f"d{i}", context, 1, False, True))
+    out = build_output(0, chunks)
+    timer = ForwardTimer(runner.model)
+    try:
+        for _ in range(3):
+            runner.execute(out, seqs)
+        walls, cpus, forwards = [], [], []
+        for _ in range(steps):
+            timer.seconds = 0.0
+            wall, cpu = time.perf_counter(), time.process_time()
+            runner.execute(out, seqs)
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+            forwards.append(timer.seconds)
+    finally:
+        runner.model.forward = timer.inner
+    step, forward = statistics.median(walls), statistics.median(forwards)
+    return {
+        "step_ms": 1000 * step,
+        "step_cpu_ms": 1000 * statistics.median(cpus),
+        "forward_ms": 1000 * forward,
+        "host_fraction": 1 - sum(forwards) / sum(walls),
+    }
+
+
+def engine_steps(engine: Any, batch: int, context: int, steps: int, seed: int) -> dict[str, float]:
+    """Full `LLMEngine.step()` calls, every one a decode of all `batch` requests."""
+    from contbatch.engine.sampling import SamplingParams
+
+    rng = random.Random(seed)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 64, ignore_eos=True)
+    requests = [engine.add_request([rng.randrange(3, 32_000) for _ in range(context)], params) for _ in range(batch)]
+    while any(r.num_output_tokens == 0 for r in requests):  # prefill (chunked over several steps)
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    timer = ForwardTimer(engine.runner.model)
+    try:
+        walls, cpus, forwards = [], [], []
+        for _ in range(steps):
+            timer.seconds = 0.0
+            wall, cpu = time.perf_counter(), time.process_time()
+            engine.step()
+            walls.append(time.perf_counter() - wall)
+            cpus.append(time.process_time() - cpu)
+            forwards.append(timer.seconds)
+    finally:
+        engine.runner.model.forward = timer.inner
+    if timer.tokens != [batch] * steps:
+        raise RuntimeError(f"a timed engine step was not a decode of {batch} requests: tokens {timer.tokens}")
+    for r in requests:
+        engine.abort(r.request_id)
+    return {
+        "step_ms": 1000 * statistics.median(walls),
+        "step_cpu_ms": 1000 * statistics.median(cpus),
+        "forward_ms": 1000 * statistics.median(forwards),
+        "host_ms": 1000 * statistics.median(w - f for w, f in zip(walls, forwards, strict=True)),
+        "host_fraction": 1 - sum(forwards) / sum(walls),
+    }
+
+
+def roofline_ms(spec: Any, params: int, batch: int, context: int, *, peak: float, bandwidth: float) -> float:
+    """engine_vs_hf's roofline: max(FLOPs / peak, bytes / bandwidth) for weights + K/V of one decode step."""
+    flops = 2 * params * batch + 4 * batch * context * spec.num_layers * spec.num_heads * spec.head_dim
+    kv_bytes = 2 * 4 * batch * context * spec.num_layers * spec.num_kv_heads * spec.head_dim
+    return 1000 * max(flops / peak, (4 * params + kv_bytes) / bandwidth)
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    import contbatch
+    from contbatch.engine.llm_engine import EngineConfig, LLMEngine
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_vs_hf import matmul_flops, stream_bandwidth
+
+    torch.set_num_threads(args.threads)
+    engine = LLMEngine(EngineConfig(kv_cache_memory=512 * 1024**2))
+    runner = engine.runner
+    total, multiplied = count_params(runner.model)
+    result: dict[str, Any] = {"source": str(Path(contbatch.__file__).parent), "params": total}
+    result["params_multiplied"] = multiplied
+    peak = statistics.median(matmul_flops() for _ in range(3))
+    bandwidth = statistics.median(stream_bandwidth() for _ in range(3))
+    result |= {"gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}
+    for batch in args.batches:
+        row = runner_step(runner, batch, args.context, args.steps)
+        row["roofline_ms"] = roofline_ms(runner.spec, total, batch, args.context, peak=peak, bandwidth=bandwidth)
+        row["roofline_mm_ms"] = roofline_ms(
+            runner.spec, multiplied, batch, args.context, peak=peak, bandwidth=bandwidth
+        )
+        row["ratio"] = row["step_ms"] / row["roofline_ms"]
+        row["ratio_mm"] = row["step_ms"] / row["roofline_mm_ms"]
+        result[f"decode_{batch}"] = row
+    result[f"engine_{args.engine_batch}"] = engine_steps(engine, args.engine_batch, args.context, args.steps, args.seed)
+    return result
+
+
+# -- driver ---------------------------------------------------------------------------------------------
+
+
+def export_baseline(commit: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / "src"
+
+
+def busy_fraction(seconds: float = 1.0) -> float:
+    """The fraction of the machine's CPU time spent busy over `seconds` (/proc/stat; this process sleeps)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+    total0, idle0 = sample()
+    time.sleep(seconds)
+    total1, idle1 = sample()
+    return 1 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_until_quiet(limit_s: float, threshold: float = 0.1) -> float:
+    """Wait (at most `limit_s`) until the machine is idle for a second; the seconds waited."""
+    start = time.monotonic()
+    while busy_fraction() > threshold and time.monotonic() - start < limit_s:
+        pass
+    return time.monotonic() - start
+
+
+def contended(result: dict[str, Any], batches: list[int], threads: int) -> bool:
+    """A run shared its cores with another job: the largest batch's decode step used less process
+    CPU time than 80 % of `threads` x its wall time (a thread that loses its core waits instead of
+    working, so CPU time per wall second drops towards 1)."""
+    row = result[f"decode_{max(batches)}"]
+    return threads > 1 and row["step_cpu_ms"] < 0.8 * threads * row["step_ms"]
+
+
+def run_worker(src: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One worker run after waiting for an idle machine; a contended one (see `contended`) is run
+    again, up to --retries times (the discarded attempts are kept under `discarded`)."""
+    discarded: list[dict[str, Any]] = []
+    for _ in range(args.retries + 1):
+        waited = wait_until_quiet(args.quiet_wait)
+        result = run_worker_once(src, args)
+        result["waited_s"] = waited
+        if not contended(result, args.batches, args.threads):
+            break
+        discarded.append(result)
+        print(f"  contended run discarded (decode 32: {result.get('decode_32')})", file=sys.stderr)
+    result["discarded"] = discarded
+    return result
+
+
+def run_worker_once(src: Path, args: argparse.Namespace) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS=str(args.threads))
+    cmd = [sys.executable, __file__, "--worker", "--context", str(args.context), "--steps", str(args.steps)]
+    cmd += ["--threads", str(args.threads), "--engine-batch", str(args.engine_batch), "--seed", str(args.seed)]
+    cmd += ["--batches", *map(str, args.batches)]
+    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if Path(result["source"]).resolve() != (src / "contbatch").resolve():
+        raise RuntimeError(f"worker imported contbatch from {result['source']}, not {src}")
+    return result
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric, the median over the repetitions (nested dicts alike)."""
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, dict):
+            out[key] = medians([r[key] for r in runs])
+        elif isinstance(value, list):
+            continue  # discarded attempts: kept in `runs` only
+        elif isinstance(value, int | float):
+            out[key] = statistics.median(r[key] for r in runs)
+        else:
+            out[key] = value
+    return out
+
+
+def report(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[list[list[str]], dict[str, Any]]:
+    base, cur = sides["baseline"], sides["current"]
+    rows = [["measure", "baseline", "current", "baseline/current"]]
+    summary: dict[str, Any] = {}
+
+    def add(name: str, b: float, c: float, fmt: str = "{:.2f}") -> None:
+        rows.append([name, fmt.format(b), fmt.format(c), f"{b / c:.2f}x"])
+        summary[name] = {"baseline": b, "current": c, "baseline_over_current": b / c}
+
+    for batch in args.batches:
+        b, c = base[f"decode_{batch}"], cur[f"decode_{batch}"]
+        add(f"decode {batch}: step ms", b["step_ms"], c["step_ms"])
+        add(f"decode {batch}: step CPU ms", b["step_cpu_ms"], c["step_cpu_ms"])
+        add(f"decode {batch}: forward ms", b["forward_ms"], c["forward_ms"])
+        add(f"decode {batch}: step / roofline", b["ratio"], c["ratio"])
+        add(f"decode {batch}: step / roofline_mm", b["ratio_mm"], c["ratio_mm"])
+        add(f"decode {batch}: roofline ms", b["roofline_ms"], c["roofline_ms"])
+        add(f"decode {batch}: host fraction", b["host_fraction"], c["host_fraction"], "{:.3f}")
+    b, c = base[f"engine_{args.engine_batch}"], cur[f"engine_{args.engine_batch}"]
+    add(f"engine {args.engine_batch}: step ms", b["step_ms"], c["step_ms"])
+    add(f"engine {args.engine_batch}: host ms", b["host_ms"], c["host_ms"])
+    add(f"engine {args.engine_batch}: host fraction", b["host_fraction"], c["host_fraction"], "{:.3f}")
+    return rows, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", default="81bb433", help="the commit compared against")
+    parser.add_argument("--reps", type=int, default=3, help="worker runs per side (median reported)")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--context", type=int, default=160)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement (median)")
+    parser.add_argument("--engine-batch", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--retries", type=int, default=3, help="reruns of a contended worker run")
+    parser.add_argument("--quiet-wait", type=float, default=120.0, help="seconds to wait for an idle machine")
+    parser.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "engine_step.json"))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        srcs = {"baseline": export_baseline(args.baseline, Path(tmp)), "current": ROOT / "src"}
+        for rep in range(args.reps):
+            order = ["baseline", "current"] if rep % 2 == 0 else ["current", "baseline"]
+            for side in order:
+                runs[side].append(run_worker(srcs[side], args))
+                print(f"rep {rep + 1}/{args.reps} {side} done", file=sys.stderr)
+    sides = {side: medians(r) for side, r in runs.items()}
+    rows, summary = report(sides, args)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]))
+    print(f"machine: {sides['current']['gflops']:.0f} GFLOP/s, {sides['current']['bandwidth_gbs']:.1f} GB/s (medians)")
+    dropped = {side: sum(len(r["discarded"]) for r in rs) for side, rs in runs.items()}
+    print(f"runs per side: {args.reps}; contended runs discarded and rerun: {dropped}")
+    doc = {"args": vars(args), "summary": summary, "medians": sides, "runs": runs}
+    Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
