@@ -35,12 +35,8 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import resource
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +138,8 @@ def run_one(name: str, size: int) -> dict[str, float]:
 
 
 def _in_process(name: str, size: int, src: Path | None) -> dict[str, float]:
+    import subprocess
+
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
@@ -151,6 +149,8 @@ def _in_process(name: str, size: int, src: Path | None) -> dict[str, float]:
 
 
 def _blis(blis: Path, num_requests: int, tmp: Path) -> dict[str, float]:
+    import subprocess
+
     spec = (ANCHOR / "workload_a.yaml").read_text().replace("num_requests: 10000", f"num_requests: {num_requests}")
     spec_path = tmp / f"workload_a_{num_requests}.yaml"
     spec_path.write_text(spec)
@@ -188,6 +188,16 @@ def main() -> None:
     if args.only:
         print(json.dumps(run_one(args.only, args.size)))
         return
+    _compare(parser, args)
+
+
+def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every workload, ours and its baselines, in fresh processes; the table and the JSON. (The
+    modules only this parent needs are imported here: a measured child does not pay for them.)"""
+    import platform
+    import subprocess
+    import tempfile
+
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown:
@@ -229,6 +239,8 @@ def main() -> None:
 
 
 def _row(r: dict[str, list[dict[str, float]]]) -> dict[str, float | None]:
+    import statistics
+
     ours = r["contbatch"]
     row: dict[str, float | None] = {k: statistics.median(x[k] for x in ours) for k in ours[0]}
     for other in ("baseline", "blis"):

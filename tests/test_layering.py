@@ -81,7 +81,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 PROBE = """
 import importlib, json, sys
-importlib.import_module(sys.argv[1])
+module = importlib.import_module(sys.argv[1])
+for name in getattr(module, "__all__", ()):  # names a package imports on first use (contbatch.lazy) too
+    getattr(module, name)
 print(json.dumps(sorted(sys.modules)))
 """
 

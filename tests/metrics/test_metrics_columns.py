@@ -66,6 +66,23 @@ def test_exact_sum_is_fsum_on_repeats(values: list[float], n: int) -> None:
     assert _same(_exact_or_error([values[0]] * n), _fsum_or_error([values[0]] * n))
 
 
+@given(
+    st.lists(_small, min_size=1, max_size=8),
+    st.lists(st.integers(1, 60), min_size=8, max_size=8),
+    st.floats(-1e3, 1e3),
+)
+def test_exact_sum_is_fsum_on_runs(values: list[float], lengths: list[int], about: float) -> None:
+    """Runs of equal neighbours (a sorted sample of few distinct values: inter-token gaps), which
+    are summed run by run, as they come and sorted; the squared deviations from `about` too."""
+    runs = [value for value, length in zip(values, lengths, strict=False) for _ in range(length)]
+    for sample in (runs, sorted(runs)):
+        assert _same(_exact_or_error(sample), _fsum_or_error(sample))
+        deviations = [(x - about) * (x - about) for x in sample]
+        with np.errstate(over="ignore"):  # (a huge value's square is inf, as in Python)
+            exact = _exact_sum(np.asarray(sample, dtype=np.float64), about=about)
+        assert _same(exact, _fsum_or_error(deviations))
+
+
 @pytest.mark.parametrize(
     "values",
     [[float("inf"), 1.0], [float("-inf"), float("inf")], [float("nan"), 2.0], [1e308, 1e308], [1e308, 1e308, -1e308]],

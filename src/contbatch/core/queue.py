@@ -75,7 +75,7 @@ class WaitingQueue:
 
     def remove(self, requests: Iterable[Request]) -> None:
         """Remove `requests` (all present); O(k) when they are at the head, as they usually are."""
-        gone = {id(r) for r in requests}
+        gone = set(map(id, requests))
         while gone and self._queue and id(self._queue[0]) in gone:
             gone.discard(id(self._queue.popleft()))
         if gone:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import AddDecision, SchedulerOutput, StepResult, TokenLogprobs
@@ -40,7 +41,9 @@ from contbatch.core.status import FinishReason
 from contbatch.loop.clock import Clock
 from contbatch.loop.executor import Executor, StepError, has_bookkeeping
 from contbatch.loop.observe import StepObserver, StepRecord, StepTotals
-from contbatch.loop.text import TextStream
+
+if TYPE_CHECKING:
+    from contbatch.loop.text import TextStream
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,11 @@ engine or the server, and never reads a clock: timestamps come in the unit the r
 or "tick").
 """
 
-from contbatch.metrics.compare import format_compare_table, format_group_table, format_number, format_summary
-from contbatch.metrics.export import (
-    REQUEST_COLUMNS,
-    request_rows,
-    write_requests_csv,
-    write_requests_jsonl,
-)
-from contbatch.metrics.groups import GROUP_KEYS, NO_TENANT, service_by, summarize_by
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contbatch.lazy import lazy_names
 from contbatch.metrics.request import (
     SUCCESS_REASONS,
     RequestMetrics,
@@ -26,6 +23,35 @@ from contbatch.metrics.request import (
 from contbatch.metrics.stats import TIME_UNITS, describe
 from contbatch.metrics.streaming import StreamingSummary
 from contbatch.metrics.summary import SLO, summarize, summarize_rows
+
+if TYPE_CHECKING:
+    from contbatch.metrics.compare import format_compare_table, format_group_table, format_number, format_summary
+    from contbatch.metrics.export import (
+        REQUEST_COLUMNS,
+        request_rows,
+        write_requests_csv,
+        write_requests_jsonl,
+    )
+    from contbatch.metrics.groups import GROUP_KEYS, NO_TENANT, service_by, summarize_by
+
+# presentation, export and groups, imported on first use: a run's summary needs none of them
+_LAZY = {
+    "format_compare_table": "compare",
+    "format_group_table": "compare",
+    "format_number": "compare",
+    "format_summary": "compare",
+    "REQUEST_COLUMNS": "export",
+    "request_rows": "export",
+    "write_requests_csv": "export",
+    "write_requests_jsonl": "export",
+    "GROUP_KEYS": "groups",
+    "NO_TENANT": "groups",
+    "service_by": "groups",
+    "summarize_by": "groups",
+}
+
+
+__getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "GROUP_KEYS",

@@ -104,13 +104,12 @@ def _exact_sum(arr: np.ndarray[Any, np.dtype[np.float64]], *, about: float | Non
     """`math.fsum(arr)` (the exact sum, correctly rounded), or with `about` the `math.fsum` of
     `(arr - about) ** 2`, computed with vectorised arithmetic a block at a time.
 
-    Each term is m * 2**(e - 53) with m an integer below 2**53 (`np.frexp`); m is split into
-    two halves below 2**27 and 2**26, and the halves are summed per exponent (`np.bincount`;
-    float sums of at most 2**24 such integers are exact). The per-exponent integers are combined
-    as Python integers and rounded once (`int / int` is correctly rounded, as fsum is); n equal
-    terms sum to n * v, rounded once by that product. Non-finite terms, and terms whose sum could
-    overflow (where fsum raises or returns inf or NaN), take `_fsum` itself: every outcome is
-    fsum's.
+    Each term is m * 2**(e - 53) with m an integer below 2**53 (`np.frexp`); the m are summed
+    exactly per exponent e (`_bin_sums`: float halves, or integer products for runs of equal
+    values), the per-exponent integers are combined as Python integers and rounded once
+    (`int / int` is correctly rounded, as fsum is); n equal terms sum to n * v, rounded once by
+    that product. Non-finite terms, and terms whose sum could overflow (where fsum raises or
+    returns inf or NaN), take `_fsum` itself: every outcome is fsum's.
     """
     n = len(arr)
     if n == 0:
@@ -125,6 +124,27 @@ def _exact_sum(arr: np.ndarray[Any, np.dtype[np.float64]], *, about: float | Non
         return _fsum(arr if about is None else _terms(arr, about))
     if lowest == highest:  # n equal terms: the exact sum n * v, rounded once by the product
         return float(n) * lowest + 0.0  # (+ 0.0: fsum's zero is never negative)
+    runs = [_runs(block) for block in blocks]
+    if n < _RUN_LIMIT and sum(len(values) for values, _ in runs) * _RUN_GAIN <= n:
+        totals = _run_bin_sums(runs, about)
+    else:
+        totals = _bin_sums(blocks, about)
+    if not totals:
+        return 0.0
+    first = min(totals)
+    total = sum(value << (b - first) for b, value in totals.items())
+    shift = first - 1074 - 53  # the value of bin b's unit is 2**(b - 1074 - 53)
+    return float(total << shift) if shift >= 0 else total / (1 << -shift)
+
+
+_RUN_GAIN = 4  # runs of equal values are summed as such when they average this many values or more
+_RUN_LIMIT = 1 << 35  # and the values number below this (their int64 sums stay exact)
+
+
+def _bin_sums(blocks: list[np.ndarray[Any, np.dtype[np.float64]]], about: float | None) -> dict[int, int]:
+    """{bin: the exact sum of the m of the terms of exponent bin - 1074} (`_exact_sum`'s terms,
+    finite): m is split into two halves below 2**27 and 2**26, and the halves are summed per
+    exponent (`np.bincount`; float sums of at most 2**24 such integers are exact)."""
     high_sums, low_sums = np.zeros(_BINS), np.zeros(_BINS)
     totals: dict[int, int] = {}
     for k, block in enumerate(blocks):
@@ -141,12 +161,43 @@ def _exact_sum(arr: np.ndarray[Any, np.dtype[np.float64]], *, about: float | Non
             for b in np.flatnonzero((high_sums != 0) | (low_sums != 0)).tolist():
                 totals[b] = totals.get(b, 0) + (int(high_sums[b]) << 26) + int(low_sums[b])
             high_sums[:], low_sums[:] = 0.0, 0.0
-    if not totals:
-        return 0.0
-    first = min(totals)
-    total = sum(value << (b - first) for b, value in totals.items())
-    shift = first - 1074 - 53  # the value of bin b's unit is 2**(b - 1074 - 53)
-    return float(total << shift) if shift >= 0 else total / (1 << -shift)
+    return totals
+
+
+def _runs(
+    block: np.ndarray[Any, np.dtype[np.float64]],
+) -> tuple[np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.int64]]]:
+    """(`block` with each run of equal neighbours once, the length of each run): a sorted sample
+    of few distinct values (inter-token gaps: one per step) shrinks to them."""
+    change = np.empty(len(block), dtype=bool)
+    change[0] = True
+    np.not_equal(block[1:], block[:-1], out=change[1:])
+    starts = np.flatnonzero(change)
+    lengths = np.diff(starts, append=len(block))
+    return block[starts], lengths
+
+
+def _run_bin_sums(
+    runs: list[tuple[np.ndarray[Any, np.dtype[np.float64]], np.ndarray[Any, np.dtype[np.int64]]]],
+    about: float | None,
+) -> dict[int, int]:
+    """`_bin_sums` of the terms that `runs` (values, run lengths) hold, each term counted its
+    run's length times: m (an exact int64) is split into halves below 2**27 and 2**26 and each
+    is multiplied by the run's length in int64, then summed per exponent in int64 (`np.add.at`):
+    exact while the values number below 2**35."""
+    high_sums = np.zeros(_BINS, dtype=np.int64)
+    low_sums = np.zeros(_BINS, dtype=np.int64)
+    for values, lengths in runs:
+        whole, exponent = np.frexp(_terms(values, about))
+        m = np.ldexp(whole, 53).astype(np.int64)  # exact integers, |m| < 2**53
+        high = m >> 26  # (floor: m = high * 2**26 + low, 0 <= low < 2**26)
+        low = m - (high << 26)
+        bins = exponent.astype(np.intp)
+        bins += 1074
+        np.add.at(high_sums, bins, high * lengths)
+        np.add.at(low_sums, bins, low * lengths)
+    nonzero = np.flatnonzero((high_sums != 0) | (low_sums != 0)).tolist()
+    return {b: (int(high_sums[b]) << 26) + int(low_sums[b]) for b in nonzero}
 
 
 def _hugepage_switch() -> Callable[[bool], bool] | None:

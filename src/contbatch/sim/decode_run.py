@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from contbatch.core.fastforward import FastForward
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
@@ -37,11 +38,11 @@ from contbatch.core.status import FinishReason
 NEVER = 1 << 62  # a run step no run reaches
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     """Coming steps that decode the same members, nothing else: step j (0-based) decodes
     `num_decodes` requests attending to `first_context + j * num_decodes` positions, padded by
-    `num_padding` tokens, while `blocks_in_use[j]` KV blocks are in use (owed ones included)."""
+    `num_padding` tokens, while `blocks_in_use[j]` KV blocks are in use (owed ones included).
+    (A named tuple: one is made per stretch between two events, so it must be cheap to make.)"""
 
     num_decodes: int
     first_context: int
@@ -149,21 +150,26 @@ class DecodeRun:
         if self.finishing:
             end = min(end, self.finishing[0][0] + 1)
         used = self._num_blocks - self._pool_free + self.owed
-        if not self.tracks_growth:
-            in_use = [used] * (end - i)
-        else:
-            in_use = []
-            free, phase, block_size = self._pool_free - self.owed, self.phase, self.block_size
-            for t in range(i, end):
-                growth = phase[t % block_size]
-                if growth > free:
-                    break  # someone must be preempted: the scheduler decides
-                free -= growth
-                used += growth
-                in_use.append(used)
+        in_use = self._blocks_in_use(i, end, used) if self.tracks_growth else [used] * (end - i)
         if not in_use:
             return None
         return Segment(n, self.context_base + n * (i + 1), self.ff.bucket_padding(n), in_use)
+
+    def _blocks_in_use(self, i: int, end: int, used: int) -> list[int]:
+        """Blocks in use during steps i, i + 1, ... < `end` as members grow (`used` before step
+        i), up to the first step whose growth the pool cannot give (someone must be preempted
+        then: the scheduler decides)."""
+        in_use: list[int] = []
+        append = in_use.append
+        free, phase, block_size = self._pool_free - self.owed, self.phase, self.block_size
+        for t in range(i, end):
+            growth = phase[t % block_size]
+            if growth > free:
+                break
+            free -= growth
+            used += growth
+            append(used)
+        return in_use
 
     def commit_segment(self, segment: Segment, end_ts: list[float]) -> None:
         """Take the first `len(end_ts)` steps of `segment`, ending at those times."""
@@ -196,11 +202,11 @@ class DecodeRun:
             self.ff.admit(request, now, blocks)
             self.owed += blocks
         self._admitted_owed = owed
-        prefill = sum(r.num_prompt_tokens for r in waiting)
+        samples = self.ff.samples_on_prefill
+        chunks = tuple([ScheduledChunk(r.request_id, 0, r.num_prompt_tokens, True, samples) for r in waiting])
+        prefill = sum([c.num_new_tokens for c in chunks])
         padding = self.ff.bucket_padding(n + prefill)
         self._pending = (waiting, padding)
-        samples = self.ff.samples_on_prefill
-        chunks = tuple(ScheduledChunk(r.request_id, 0, r.num_prompt_tokens, True, samples) for r in waiting)
         context = self.context_base + n * (i + 1)
         shape = SchedulerOutput(
             self.first_step_id + i,

@@ -33,7 +33,6 @@ from contbatch.core.request import Request
 from contbatch.core.scheduler import ContinuousScheduler
 from contbatch.core.timeline import Timeline
 from contbatch.loop import EngineCore, StepObserver, VirtualClock
-from contbatch.loop.intake import group_block_hashes
 from contbatch.metrics import SLO, StreamingSummary, summarize
 from contbatch.sim.clients import Clients
 from contbatch.sim.cost import CostModel
@@ -108,6 +107,8 @@ def make_request(spec: TraceRequest, block_size: int | None = None) -> Request:
 
 
 def _block_hashes(spec: TraceRequest, block_size: int) -> tuple[int, ...]:
+    from contbatch.loop.intake import group_block_hashes  # (with prefix caching only: intake is otherwise unused)
+
     return group_block_hashes(
         spec.request_id,
         spec.num_prompt_tokens,

@@ -197,24 +197,26 @@ class _RunDriver:
         now = self.clock.ts
         ends: list[float] = []
         cancelled, observed, last_duration = False, self.observed, self.duration
+        step_id = first_id
         for used in segment.blocks_in_use:
             if next_arrival is not None and now >= next_arrival:
                 break
-            duration = price(first_id + len(ends), context)
-            if cancel_ts is not None and now + duration >= cancel_ts:
+            duration = price(step_id, context)
+            end = now + duration
+            if cancel_ts is not None and end >= cancel_ts:
                 cancelled = True  # that step's results must see the cancellation: not the run's
                 break
-            end = now + duration
             took, usage = end - now, used / total_blocks
             busy += took
             area += usage * took
             kv_max = max(kv_max, usage)
             if observed:
-                shape = decode_shape(first_id + len(ends), n, context, padding)
+                shape = decode_shape(step_id, n, context, padding)
                 self.core.observe(StepRecord(shape, now, end, usage, n))
             ends.append(end)
             now, last_duration = end, duration
             context += n
+            step_id += 1
         totals.busy_time, totals.kv_area, totals.kv_max = busy, area, kv_max
         return ends, cancelled, last_duration, context
 

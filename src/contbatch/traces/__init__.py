@@ -20,13 +20,36 @@ rules). It can come from
 whose message names the file, and for a row the line and the field.
 """
 
-from contbatch.traces.azure import import_azure_csv
-from contbatch.traces.burstgpt import import_burstgpt_csv
-from contbatch.traces.canonical_csv import load_csv, write_csv
-from contbatch.traces.jsonl import load_jsonl, write_jsonl
-from contbatch.traces.registry import builtin_trace_names, load_trace
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contbatch.lazy import lazy_names
 from contbatch.traces.schema import Trace, TraceError, TraceRequest
-from contbatch.traces.vidur import import_vidur_csv
+
+if TYPE_CHECKING:
+    from contbatch.traces.azure import import_azure_csv
+    from contbatch.traces.burstgpt import import_burstgpt_csv
+    from contbatch.traces.canonical_csv import load_csv, write_csv
+    from contbatch.traces.jsonl import load_jsonl, write_jsonl
+    from contbatch.traces.registry import builtin_trace_names, load_trace
+    from contbatch.traces.vidur import import_vidur_csv
+
+# the loaders, imported on first use: a run of a generated trace needs none of them
+_LAZY = {
+    "import_azure_csv": "azure",
+    "import_burstgpt_csv": "burstgpt",
+    "load_csv": "canonical_csv",
+    "write_csv": "canonical_csv",
+    "load_jsonl": "jsonl",
+    "write_jsonl": "jsonl",
+    "builtin_trace_names": "registry",
+    "load_trace": "registry",
+    "import_vidur_csv": "vidur",
+}
+
+
+__getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "Trace",

@@ -41,7 +41,9 @@ turn it into a `TraceError` naming the file, the line and the file's own field n
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -103,6 +105,46 @@ class TraceRequest:
     read_rate: float | None = None  # tokens per time unit the client reads; > 0; None: unlimited
 
     def __post_init__(self) -> None:
+        if not self._is_plain():
+            self._check_required()
+        if self.tenant is not None:
+            _check_text("tenant", self.tenant, optional=True)
+        arrival_ts = self.arrival_ts
+        if self.deadline_ts is not None:
+            object.__setattr__(self, "deadline_ts", _checked_after("deadline_ts", self.deadline_ts, arrival_ts))
+        self._check_output_limit()
+        if self.prefix_group is not None or type(self.prefix_tokens) is not int or self.prefix_tokens != 0:
+            self._check_prefix()  # (no group and no prefix tokens pass it)
+        if self.cancel_ts is not None:
+            object.__setattr__(self, "cancel_ts", _checked_after("cancel_ts", self.cancel_ts, arrival_ts))
+        if self.read_rate is not None:
+            read_rate = _checked_time("read_rate", self.read_rate)
+            if read_rate <= 0:
+                raise RequestValueError("read_rate", f"must be > 0 or absent, got {self.read_rate!r}")
+            object.__setattr__(self, "read_rate", read_rate)
+
+    def _is_plain(self) -> bool:
+        """The common case, checked at a glance: the required fields pass `_check_required` as
+        they are (a non-empty str id, a finite float arrival >= 0, int counts >= 1, an int
+        priority), so it has nothing to check or convert. (Exact types: a subclass, an int
+        arrival or a bool count takes the full check.)"""
+        rid, arrival_ts = self.request_id, self.arrival_ts
+        prompt, output = self.num_prompt_tokens, self.num_output_tokens
+        return (
+            type(rid) is str
+            and rid != ""
+            and type(arrival_ts) is float
+            and 0.0 <= arrival_ts < math.inf
+            and type(prompt) is int
+            and prompt >= 1
+            and type(output) is int
+            and output >= 1
+            and type(self.priority) is int
+        )
+
+    def _check_required(self) -> None:
+        """Each required field against its rule (`RequestValueError` naming the first at fault);
+        the arrival stored as a float."""
         _check_text("request_id", self.request_id, optional=False)
         arrival_ts = _checked_time("arrival_ts", self.arrival_ts)
         if arrival_ts < 0:
@@ -111,16 +153,6 @@ class TraceRequest:
         _check_int("num_prompt_tokens", self.num_prompt_tokens, minimum=1)
         _check_int("num_output_tokens", self.num_output_tokens, minimum=1)
         _check_int("priority", self.priority, minimum=None)
-        _check_text("tenant", self.tenant, optional=True)
-        object.__setattr__(self, "deadline_ts", _checked_after("deadline_ts", self.deadline_ts, arrival_ts))
-        self._check_output_limit()
-        self._check_prefix()
-        object.__setattr__(self, "cancel_ts", _checked_after("cancel_ts", self.cancel_ts, arrival_ts))
-        if self.read_rate is not None:
-            read_rate = _checked_time("read_rate", self.read_rate)
-            if read_rate <= 0:
-                raise RequestValueError("read_rate", f"must be > 0 or absent, got {self.read_rate!r}")
-            object.__setattr__(self, "read_rate", read_rate)
 
     @property
     def output_limit(self) -> int:
@@ -199,16 +231,18 @@ class Trace:
         if "\n" in self.source or "\r" in self.source:
             raise ValueError(f"source must be one line, got {self.source!r}")
         requests = tuple(self.requests)
-        for request in requests:
-            if not isinstance(request, TraceRequest):
-                raise TypeError(f"requests must be TraceRequest, got {type(request).__name__}")
-        seen: set[str] = set()
-        for request in requests:
-            if request.request_id in seen:
-                raise ValueError(f"duplicate request id {request.request_id!r}")
-            seen.add(request.request_id)
+        if not all(map(isinstance, requests, itertools.repeat(TraceRequest))):
+            wrong = next(r for r in requests if not isinstance(r, TraceRequest))
+            raise TypeError(f"requests must be TraceRequest, got {type(wrong).__name__}")
+        ids = list(map(operator.attrgetter("request_id"), requests))
+        if len(set(ids)) != len(ids):  # (then find the first seen twice)
+            seen: set[str] = set()
+            for rid in ids:
+                if rid in seen:
+                    raise ValueError(f"duplicate request id {rid!r}")
+                seen.add(rid)
         # sorted() is stable: requests arriving together keep their input order.
-        object.__setattr__(self, "requests", tuple(sorted(requests, key=lambda r: r.arrival_ts)))
+        object.__setattr__(self, "requests", tuple(sorted(requests, key=operator.attrgetter("arrival_ts"))))
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
 from contbatch.sim.costs.errors import CostSpecError, check_int, check_number
@@ -116,8 +117,7 @@ class _Constants:
     overhead_s: float
 
 
-@dataclass(frozen=True, slots=True)
-class _Work:
+class _Work(NamedTuple):  # (made for every priced step: a named tuple is cheap to make)
     tokens: int  # batched + padding
     attended: float  # (query, key) pairs of attention
     logits: int  # positions the LM head computes
