@@ -20,9 +20,10 @@ answers are read):
    (its own prompts: a server's prefix cache must not serve one replay from another's), each
    with the speed probe around every run;
 4. `contbatch validate --observed` on them: per load, each metric's row is the replay of median
-   error, each replay predicted at the machine speed its own timed steps ran at (issue 18's
-   method, from the outside); the same under the other speed sources (``step-kinds``, ``probe``,
-   ``calibration``: the fit's speed) is in the JSON.
+   error, each replay predicted at the machine speeds its own timed steps ran at, decode-only
+   steps and steps with a prefill apart (issue 18's method, from the outside); the same under
+   the other speed sources (``steps``: one speed, ``probe``, ``calibration``: the fit's speed) is
+   in the JSON.
 
 Prints one table (|error| of mean and p90 TTFT, TPOT and E2E per target and load, against the
 issue's bounds: 10 % on means, 15 % on p90) and writes everything to
@@ -59,7 +60,7 @@ SHAPE = ["--open-prompt", "32,384", "--open-output", "16,96", "--open-requests",
 PROBE_PLAN = ["--prompt-lengths", "16,128,384", "--concurrency", "1,4,16", "--long-prompt", "384",
               "--long-concurrency", "1,8", "--decode-output", "64", "--open-rates", "0.3,0.7", *SHAPE]  # fmt: skip
 TF_BLOCKS, TF_BATCH_TOKENS = 64, 512
-OTHER_SPEED_SOURCES = ("step-kinds", "probe", "calibration")  # reported beside the default (steps)
+OTHER_SPEED_SOURCES = ("steps", "probe", "calibration")  # reported beside the default (step-kinds)
 
 
 FIT_FLAGS = {

@@ -84,9 +84,10 @@ def add_calibrate_parsers(commands: Any) -> None:
     validate.add_argument("--replays", type=int, default=1,
                           help="engine replays of the trace; a row is the replay of median error (1)")  # fmt: skip
     validate.add_argument("--speed-source", choices=("step-kinds", "steps", "probe", "calibration"),
-                          help="each replay's machine speed: from its own engine steps, decode-only and prefill "
-                          "apart (the default) or together (--observed: its steps read from the streamed chunks, "
-                          "together by default), from the speed probe timed around it, or the calibration run's "
+                          default="step-kinds",
+                          help="each replay's machine speed: from its own engine steps (--observed: its steps "
+                          "read from the streamed chunks), decode-only and prefill apart (default) or together, "
+                          "from the speed probe timed around it, or the calibration run's "
                           "(--observed: the fit's)")  # fmt: skip
     validate.add_argument("--no-speed-probe", dest="speed_probe", action="store_false",
                           help="predict at the reference speed (the calibration run's; --observed: the fit's), "
@@ -236,7 +237,7 @@ def run_validate_command(args: argparse.Namespace) -> int:
     if document["threads_used"] is not None:
         torch.set_num_threads(document["threads_used"])
     try:
-        source = (args.speed_source or "step-kinds") if args.speed_probe else "calibration"
+        source = args.speed_source if args.speed_probe else "calibration"
         probe = reference_probe(document) if source == "probe" else None
         result = validate(config, cost, trace, replays=args.replays, reference_probe=probe, speed_source=source)
     except _bad_input(ValueError) as exc:

@@ -310,7 +310,7 @@ def run_observed_validate(args: argparse.Namespace) -> int:
         print(f"contbatch validate: error: --observed: no run of kind {', '.join(kinds)} in the files", file=sys.stderr)
         return 2
     delivery = float(observed["delivery_ms"])
-    source = (args.speed_source or "steps") if args.speed_probe else "calibration"
+    source = args.speed_source if args.speed_probe else "calibration"
     reference = observed.get("speed_reference_ms")
     scheduler = observed["scheduler"]
     results = [

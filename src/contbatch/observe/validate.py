@@ -11,9 +11,10 @@ Replays: a run of the same name in several observation files is a replay of one 
 same plan); a metric's row is the replay whose error is the median (for an even count, the mean
 of the two middle replays' values), so one minute of a drifting machine decides no row; every
 replay's values are kept. Machine drift (`speed_source`, the names of `contbatch validate`):
-``steps`` (the default) predicts each replay at the speed its own steps, read from the outside
-(`contbatch.observe.steps`), ran at against the profile; ``step-kinds`` at two, its decode-only
-steps' and its steps' with a prefill (a run has few of those timed: a noisier figure);
+``step-kinds`` (the default) predicts each replay at the speeds its own steps, read from the
+outside (`contbatch.observe.steps`), ran at against the profile, its decode-only steps' and its
+steps' with a prefill apart (issue 18's method: the two drift apart); ``steps`` at one speed
+from all of them;
 ``probe`` at the speed its speed probes found against the fit's reference
 (`contbatch.observe.probe`); ``calibration`` at the fit's speed. The measured timelines arrive
 at the send time (the server cannot start earlier), as the simulated ones do.
@@ -48,7 +49,7 @@ class RunValidation:
     replays: tuple[dict[str, float], ...]  # each replay's measured value of every METRICS key
     predicted_replays: tuple[dict[str, float], ...]
     speeds: tuple[tuple[float, float], ...] = ()  # each replay's machine speed (decode-only steps, with prefill)
-    speed_source: str = "steps"
+    speed_source: str = "step-kinds"
 
     def row(self, key: str) -> MetricRow:
         return next(r for r in self.rows if r.key == key)
@@ -145,7 +146,7 @@ def validate_runs(
     *,
     delivery_ms: float,
     scheduler: str,
-    speed_source: str = "steps",
+    speed_source: str = "step-kinds",
     reference_ms: float | None = None,
 ) -> RunValidation:
     """One load (`replays`: the runs of one name across files) predicted and compared, each
