@@ -1,0 +1,102 @@
+"""benchmarks/engine_vs_peer.py without servers: arguments, prompt lengths, KV size, medians, ratios, the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_vs_peer.py"
+
+
+@pytest.fixture(scope="module")
+def evp() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("engine_vs_peer", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(spec.name, None)
+    return module
+
+
+def test_arguments(evp: ModuleType) -> None:
+    args = evp.parse_args([])
+    assert args.reps == 3 and args.server_list == ["contbatch", "transformers", "llama.cpp"]
+    assert evp.parse_args(["--quick"]).reps == 1
+    assert evp.parse_args(["--quick", "--reps", "2", "--servers", "contbatch"]).reps == 2
+    for bad in (["--servers", "vllm"], ["--reps", "0"], ["--kv-tokens", "1000"]):
+        with pytest.raises(SystemExit):
+            evp.parse_args(bad)
+
+
+def test_workloads(evp: ModuleType) -> None:
+    full = {w.name: w for w in evp.workloads(quick=False)}
+    poisson, long = full["poisson"], full["long"]
+    assert (poisson.requests, poisson.prompt, poisson.output, poisson.rate) == (48, (128, 384), 128, 4.0)
+    assert full["burst"].same_as == "poisson" and full["burst"].rate == float("inf")
+    assert (long.requests, long.prompt, long.output, long.rate) == (16, (1024, 1024), 64, 2.0)
+    assert len({w.seed for w in full.values()}) == 3  # no workload's prompts are another's
+    assert not evp.fits_llama(long) and evp.fits_llama(poisson)
+
+
+@pytest.mark.parametrize("target", [1, 2, 7, 100, 131, 1024])
+def test_words_for_tokens(evp: ModuleType, target: int) -> None:
+    def count(n: int) -> int:  # 1.3 tokens a word, like the demo tokenizer
+        return (13 * n) // 10
+
+    words = evp.words_for_tokens(target, count)
+    assert abs(count(words) - target) <= min(abs(count(n) - target) for n in range(1, 2 * target + 2))
+
+
+def test_kv_mib(evp: ModuleType) -> None:
+    assert evp.kv_mib_for(32768, 6144) == 192
+    assert evp.kv_mib_for(24576, 6144) == 144
+    with pytest.raises(SystemExit):
+        evp.kv_mib_for(1000, 6144)
+
+
+def _result(tps: float, ttft_ms: float, tpot_ms: float, completed: int = 48) -> dict[str, Any]:
+    return {"completed": completed, "failed": 48 - completed, "duration": 10.0, "output_throughput": tps,
+            "request_throughput": 4.0, "median_ttft_ms": ttft_ms, "mean_ttft_ms": ttft_ms, "p99_ttft_ms": ttft_ms,
+            "mean_tpot_ms": tpot_ms, "median_tpot_ms": tpot_ms, "total_input_tokens": 13000,
+            "total_output_tokens": 6144, "errors": []}  # fmt: skip
+
+
+def test_medians_ratios_and_table(evp: ModuleType) -> None:
+    items = evp.workloads(quick=False)
+    reps = [
+        {"contbatch": {"poisson": _result(300, 200, 70), "burst": _result(460, 2000, 80), "long": _result(90, 300, 40)},
+         "transformers": {"poisson": _result(100, 1000, 200), "burst": _result(150, 8000, 250),
+                          "long": _result(40, 9000, 100)},
+         "llama.cpp": {"error": "llama-server exited with 1"}},
+        {"contbatch": {"poisson": _result(320, 220, 72), "burst": _result(480, 2400, 82), "long": _result(86, 400, 42)},
+         "transformers": {"poisson": _result(100, 1200, 190), "burst": _result(110, 7000, 260),
+                          "long": _result(38, 8000, 110)},
+         "llama.cpp": {"error": "llama-server exited with 1"}},
+    ]  # fmt: skip
+    summary = evp.summarize_reps(items, reps)
+    assert summary["medians"]["poisson"]["contbatch"]["output_throughput"] == 310
+    assert summary["medians"]["burst"]["transformers"]["median_ttft_ms"] == 7500
+    assert summary["medians"]["poisson"]["llama.cpp"] is None
+    burst = summary["ratios"]["burst"]["transformers"]
+    assert burst["output_throughput"] == pytest.approx(470 / 130)
+    assert burst["median_ttft_ms"] == pytest.approx(2200 / 7500)
+    verdicts = {t["metric"]: t["met"] for t in burst["targets"]}
+    assert verdicts == {"output_throughput": False, "median_ttft_ms": False}
+    poisson = {t["metric"]: t["met"] for t in summary["ratios"]["poisson"]["transformers"]["targets"]}
+    assert poisson == {"output_throughput": True, "median_ttft_ms": True}  # 310 / 100 >= 3; 210 / 1100 <= 0.2
+    assert summary["ratios"]["poisson"]["llama.cpp"] is None
+    assert summary["problems"]["poisson"]["llama.cpp"] == "llama-server exited with 1"
+
+    text = evp.table(items, summary, {})
+    assert "contbatch / transformers: tok/s 3.62x (target >= 4x: MISSED)" in text
+    assert "p50 TTFT 0.29x (target <= 0.2x: MISSED)" in text
+    assert "llama-server exited with 1" in text
+    assert text.count("contbatch / transformers") == 3 and "contbatch / llama.cpp" not in text
