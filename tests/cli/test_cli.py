@@ -144,3 +144,19 @@ def test_the_specifications_example_script_runs() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "static metrics=" in proc.stdout and "continuous metrics=" in proc.stdout
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """`contbatch ... | head`: the pipe closes after one line; no traceback, exit 0 (not an error)."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "contbatch.cli.main", "simulate", "--trace", "azure-code", "--cost",
+            "roofline:llama-2-7b@a100", "--per-request", "on"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0
+    assert "Traceback" not in err

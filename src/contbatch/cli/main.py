@@ -83,11 +83,7 @@ def _run_simulation_command(args: argparse.Namespace) -> int:
         return 1
     document = to_document(opts, outcomes)
     write_out_dir(opts, outcomes, document)
-    try:
-        print(to_json(document) if opts.as_json else to_text(opts, outcomes))
-        sys.stdout.flush()
-    except BrokenPipeError:  # e.g. `contbatch ... | head`: the reader left; not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(to_json(document) if opts.as_json else to_text(opts, outcomes))
     return 0
 
 
@@ -110,7 +106,13 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return COMMANDS[args.command](args)
+    try:
+        code = COMMANDS[args.command](args)
+        sys.stdout.flush()  # (here, so that a reader gone away is caught below, not at exit)
+        return code
+    except BrokenPipeError:  # the reader left (`contbatch ... | head`): not an error, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (so the exit's flush cannot fail)
+        return 0
 
 
 if __name__ == "__main__":

@@ -263,11 +263,17 @@ def run_fit_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _method_text(result: Any) -> str:
+    if result.method == "steps":
+        return f"fit by steps: {result.num_timed_steps} steps timed from the chunks, then the delivery"
+    return f"fit by chunks: {len(result.iterations)} simulations"
+
+
 def _fit_text(result: Any, args: argparse.Namespace) -> str:
     t = result.terms
     lines = [
         f"profile: {args.out} (server {args.server}{''.join(' --set ' + o for o in args.overrides)}; "
-        f"{result.num_requests} requests, {len(result.iterations)} simulations)",
+        f"{result.num_requests} requests; {_method_text(result)})",
         f"step ms = {t.base_ms:.4g} + {t.prefill_ms:.4g} x prefill + {t.decode_ms:.4g} x decode "
         f"+ {t.context_ms:.4g} x context tokens + {t.prefill_pair_ms:.4g} x prefill token pairs "
         f"+ {t.batch_pair_ms:.4g} x batch token pairs; delivery {t.delivery_ms:.3g} ms per chunk",

@@ -15,7 +15,6 @@ reached exits 1.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,9 +98,5 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         print("contbatch sweep: --plot: nothing to plot, the sweep has no grid axes", file=sys.stderr)
     if result.num_failed:
         print(f"contbatch sweep: {result.num_failed} point(s) did not run to the end; see 'error'", file=sys.stderr)
-    try:
-        print(to_json(document(result)) if args.json else text_table(result))
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader left (`| head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(to_json(document(result)) if args.json else text_table(result))  # (a reader gone away: `main`)
     return 0

@@ -151,6 +151,8 @@ class FitResult:
     residuals: tuple[RunResidual, ...] = field(default_factory=tuple)
     speed_reference_ms: float | None = None  # the speed probe the terms are priced at (None: no probe)
     speeds: Mapping[str, float] = field(default_factory=dict)  # each run's machine speed against it
+    method: str = "chunks"  # how the step terms were found (`METHODS`)
+    num_timed_steps: int = 0  # the steps the ``steps`` method fitted them to
 
 
 def _solve(samples: Sequence[Sample], fixed: Mapping[int, float] | None = None) -> tuple[float, ...]:
@@ -294,7 +296,7 @@ def _fit_by_steps(
     num_requests = sum(1 for s in samples if s.kind == "ttft")
     j = objective(samples, terms.theta) / max(num_requests, 1)
     return FitResult(terms, j, num_requests, ({**terms.as_dict(), "objective": j},),
-                     residuals(runs, samples, terms.theta), reference, speeds)  # fmt: skip
+                     residuals(runs, samples, terms.theta), reference, speeds, "steps", len(steps))  # fmt: skip
 
 
 def _iterate(

@@ -75,6 +75,8 @@ def profile_document(
             "runs": list(runs),
             "objective": OBJECTIVE,
             "objective_per_request": result.objective,
+            "method": result.method,
+            "timed_steps": result.num_timed_steps,
             "num_requests": result.num_requests,
             "iterations": list(result.iterations),
             "residuals": [r.as_dict() for r in result.residuals],
