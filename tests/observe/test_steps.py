@@ -66,6 +66,10 @@ def test_what_cannot_be_known_from_outside_is_not_timed() -> None:
     merged = ObservedRun("r", "open", {}, (dataclasses.replace(base[0], chunk_ts=(0.10, 0.11, 0.13, 0.14),
                                                                chunk_tokens=(1, 1, 2, 1)),))  # fmt: skip
     assert [round(s.duration_s, 3) for s in timed_steps(merged, BUDGET)] == [0.01]
+    # a step after such a chunk is known again, at the context its tokens so far make (8 + 4)
+    later = dataclasses.replace(base[0], chunk_ts=(0.10, 0.11, 0.12, 0.13), chunk_tokens=(1, 2, 1, 1))
+    assert [(round(s.duration_s, 3), s.out.num_context_tokens)
+            for s in timed_steps(ObservedRun("r", "open", {}, (later,)), BUDGET)] == [(0.01, 12)]  # fmt: skip
 
 
 def test_a_request_seen_without_any_chunk_hides_the_steps_it_ran_in_until_it_ended() -> None:

@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass
 
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
-from contbatch.observe.record import ObservedRun
+from contbatch.observe.record import ObservedRequest, ObservedRun
 from contbatch.sim.cost import CostModel
 from contbatch.sim.costs.profile import Totals
 
@@ -72,6 +72,7 @@ def timed_steps(run: ObservedRun, max_num_batched_tokens: int) -> list[ObservedS
     """The steps of `run` whose duration and content are known from the outside (module docstring)."""
     found = clusters(run)
     first_step, waits = _waits(run, found)
+    emitted = [list(itertools.accumulate(r.chunk_tokens, initial=0)) for r in run.requests]  # tokens before each chunk
     steps = []
     for j in range(1, len(found)):
         before, cluster = found[j - 1], found[j]
@@ -79,7 +80,7 @@ def timed_steps(run: ObservedRun, max_num_batched_tokens: int) -> list[ObservedS
             continue
         if any(k == 0 and first_step[i] < j for i, k in cluster.members.items()):
             continue  # it waited through earlier steps: part of its prompt may have run in them
-        chunks = [_chunk(run, i, k) for i, k in cluster.members.items()]
+        chunks = [_chunk(run.requests[i], emitted[i][k]) for i, k in cluster.members.items()]
         if sum(c.num_new_tokens for c in chunks) > max_num_batched_tokens:
             continue  # a prompt was split over several steps: not all of it ran here
         steps.append(ObservedStep(cluster.first_ts - before.first_ts, build_output(j, chunks)))
@@ -103,12 +104,13 @@ def _waits(run: ObservedRun, found: list[Cluster]) -> tuple[list[int], list[int]
     return first_step, list(itertools.accumulate(delta))
 
 
-def _chunk(run: ObservedRun, i: int, k: int) -> ScheduledChunk:
-    request = run.requests[i]
+def _chunk(request: ObservedRequest, tokens_before: int) -> ScheduledChunk:
+    """What `request` ran in the step of its chunk with `tokens_before` output tokens before it:
+    its whole prompt (its first chunk), else one decode at the end of its sequence."""
     prompt = max(request.num_prompt_tokens, 1)
-    if k == 0:
+    if tokens_before == 0:
         return ScheduledChunk(request.request_id, 0, prompt, True, True)
-    return ScheduledChunk(request.request_id, prompt + k - 1, 1, False, True)
+    return ScheduledChunk(request.request_id, prompt + tokens_before - 1, 1, False, True)
 
 
 def step_totals(run: ObservedRun, cost: CostModel, max_num_batched_tokens: int) -> Totals:
