@@ -155,13 +155,6 @@ def engine_steps(engine: Any, batch: int, context: int, steps: int, seed: int) -
     }
 
 
-def roofline_ms(spec: Any, params: int, batch: int, context: int, *, peak: float, bandwidth: float) -> float:
-    """engine_vs_hf's roofline: max(FLOPs / peak, bytes / bandwidth) for weights + K/V of one decode step."""
-    flops = 2 * params * batch + 4 * batch * context * spec.num_layers * spec.num_heads * spec.head_dim
-    kv_bytes = 2 * 4 * batch * context * spec.num_layers * spec.num_kv_heads * spec.head_dim
-    return 1000 * max(flops / peak, (4 * params + kv_bytes) / bandwidth)
-
-
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -169,7 +162,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_vs_hf import matmul_flops, stream_bandwidth
+    from engine_vs_hf import matmul_flops, roofline_ms, stream_bandwidth
 
     torch.set_num_threads(args.threads)
     engine = LLMEngine(EngineConfig(kv_cache_memory=512 * 1024**2))

@@ -23,6 +23,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -120,14 +121,19 @@ def decode_step_vs_roofline(engine: LLMEngine, batch: int = 32, context: int = 1
         runner.execute(out, seqs)
         times.append(time.perf_counter() - t)
     params = sum(p.numel() for p in runner.model.parameters()) if hasattr(runner.model, "parameters") else 34_000_000
-    flops = 2 * params * batch + 4 * batch * context * spec.num_layers * spec.num_heads * spec.head_dim
-    weight_bytes = 4 * params
-    kv_bytes = 2 * 4 * batch * context * spec.num_layers * spec.num_kv_heads * spec.head_dim
     peak, bandwidth = matmul_flops(), stream_bandwidth()
-    roofline = max(flops / peak, (weight_bytes + kv_bytes) / bandwidth)
+    roofline = roofline_ms(spec, params, batch, context, peak=peak, bandwidth=bandwidth) / 1000
     step = statistics.median(times)
     return {"decode32_step_ms": 1000 * step, "roofline_ms": 1000 * roofline, "ratio": step / roofline,
             "gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}  # fmt: skip
+
+
+def roofline_ms(spec: Any, params: int, batch: int, context: int, *, peak: float, bandwidth: float) -> float:
+    """A decode step of `batch` requests at `context`: max(FLOPs / peak, bytes / bandwidth), float32,
+    every one of the `params` weights read and multiplied once, plus attention over the K/V read."""
+    flops = 2 * params * batch + 4 * batch * context * spec.num_layers * spec.num_heads * spec.head_dim
+    kv_bytes = 2 * 4 * batch * context * spec.num_layers * spec.num_kv_heads * spec.head_dim
+    return 1000 * max(flops / peak, (4 * params + kv_bytes) / bandwidth)
 
 
 def matmul_flops(n: int = 2048) -> float:

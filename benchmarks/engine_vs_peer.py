@@ -188,15 +188,6 @@ def kv_mib_for(kv_tokens: int, bytes_per_token: int) -> int:
     return size // 2**20
 
 
-def transformers_missing() -> str | None:
-    import importlib.util
-
-    for module in ("transformers", "accelerate", "fastapi", "uvicorn", "openai"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed"
-    return None
-
-
 def llama_missing(setup: Setup) -> str | None:
     if not setup.llama_server.is_file():
         return f"{LLAMA_MISSING}: no {setup.llama_server}"
@@ -206,7 +197,7 @@ def llama_missing(setup: Setup) -> str | None:
 
 
 def server_argv(name: str, setup: Setup, port: int) -> list[str]:
-    from contbatch.bench.servers import contbatch_argv
+    from contbatch.bench.servers import contbatch_argv, transformers_serve_argv
 
     model = str(setup.model)
     if name == "contbatch":
@@ -214,10 +205,14 @@ def server_argv(name: str, setup: Setup, port: int) -> list[str]:
                               "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", str(setup.kv_mib),
                               "--set", f"max_num_batched_tokens={setup.budget}", port=port)  # fmt: skip
     if name == "transformers":
-        return [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--continuous-batching",
-                "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
-                "--cb-block-size", str(PEER_BLOCK), "--cb-num-blocks", str(setup.kv_tokens // PEER_BLOCK),
-                "--cb-max-batch-tokens", str(setup.budget), "--log-level", "warning"]  # fmt: skip
+        return transformers_serve_argv(
+            model,
+            port=port,
+            num_blocks=setup.kv_tokens // PEER_BLOCK,
+            max_batch_tokens=setup.budget,
+            block_size=PEER_BLOCK,
+            dtype="float32",
+        )
     return [str(setup.llama_server), "-m", str(setup.gguf), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(LLAMA_SLOTS), "-cb", "-c", str(LLAMA_CTX), "-t", str(setup.threads)]  # fmt: skip
 
@@ -225,12 +220,12 @@ def server_argv(name: str, setup: Setup, port: int) -> list[str]:
 @contextlib.contextmanager
 def serving(name: str, setup: Setup) -> Iterator[Any]:
     """Start `name`, yield it (a `ServerProcess`) once healthy; stopped when the block ends."""
-    from contbatch.bench.servers import free_port, running_server
+    from contbatch.bench.servers import TRANSFORMERS_OFFLINE_ENV, free_port, running_server
 
     port = free_port()
     threads = str(setup.threads)
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false",
+           **TRANSFORMERS_OFFLINE_ENV}  # fmt: skip
     log = setup.work / f"{name}.log"
     with running_server(server_argv(name, setup, port), port, env=env, log=log, start_s=300) as server:
         yield server
@@ -455,8 +450,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def available(args: argparse.Namespace, setup: Setup) -> tuple[list[str], dict[str, str]]:
     """The servers that can run here, and a note for each that cannot."""
+    from contbatch.bench.servers import transformers_serve_missing
+
     notes: dict[str, str] = {}
-    if "transformers" in args.server_list and (why := transformers_missing()):
+    if "transformers" in args.server_list and (why := transformers_serve_missing()):
         notes["transformers"] = f"transformers serve: skipped ({why})"
     if "llama.cpp" in args.server_list and (why := llama_missing(setup)):
         notes["llama.cpp"] = why

@@ -43,7 +43,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from contbatch.bench.servers import contbatch_argv, free_port, running_server
+from contbatch.bench.servers import (
+    TRANSFORMERS_OFFLINE_ENV,
+    contbatch_argv,
+    free_port,
+    running_server,
+    transformers_serve_argv,
+    transformers_serve_missing,
+)
 from contbatch.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,26 +90,17 @@ def targets(names: list[str], work: Path) -> Iterator[tuple[str, Any]]:
             served = running_server(argv, port, env=threads, log=work / "engine.log", start_s=300)
             yield name, served
         elif name == "transformers":
-            why = transformers_missing()
+            why = transformers_serve_missing()
             if why:
                 print(f"transformers: skipped ({why})", file=sys.stderr)
                 continue
-            argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model), "--continuous-batching",
-                    "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--cb-num-blocks", str(TF_BLOCKS),
-                    "--cb-max-batch-tokens", str(TF_BATCH_TOKENS), "--log-level", "warning"]  # fmt: skip
-            env = {**threads, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+            argv = transformers_serve_argv(
+                str(model), port=port, num_blocks=TF_BLOCKS, max_batch_tokens=TF_BATCH_TOKENS
+            )
+            env = {**threads, **TRANSFORMERS_OFFLINE_ENV}
             yield name, running_server(argv, port, env=env, log=work / "transformers.log", start_s=300)
         else:
             raise SystemExit(f"unknown target {name!r}; known: engine, transformers")
-
-
-def transformers_missing() -> str | None:
-    import importlib.util
-
-    for module in ("transformers", "accelerate", "fastapi", "uvicorn", "openai"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed"
-    return None
 
 
 def cli(*argv: str) -> str:

@@ -8,16 +8,21 @@ every request is refused, as asked.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from contbatch.bench.servers import ServerStartError, free_port, start_server
+from contbatch.bench.servers import (
+    TRANSFORMERS_OFFLINE_ENV,
+    ServerStartError,
+    free_port,
+    start_server,
+    transformers_serve_argv,
+    transformers_serve_missing,
+)
 from contbatch.cli.main import main
 from contbatch.engine.demo import DemoShape, train_tokenizer, write_random_checkpoint, write_tokenizer
 from contbatch.engine.demo_corpus import demo_corpus
@@ -44,57 +49,18 @@ class Served:
     model: str  # the checkpoint directory: transformers serve names the model by its path
 
 
-def _missing() -> str | None:
-    """Why `transformers serve` cannot run in this environment (None: it can)."""
-    for module, why in (
-        ("transformers", "transformers is not installed"),
-        ("accelerate", "accelerate is not installed (transformers serve loads with a device_map)"),
-        ("fastapi", "fastapi is not installed"),
-        ("uvicorn", "uvicorn is not installed"),
-        ("openai", "openai is not installed (transformers serve validates requests with its types)"),
-    ):
-        if importlib.util.find_spec(module) is None:
-            return why
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) < 5:
-        return f"transformers {transformers.__version__} has no `serve --continuous-batching` (5.x has)"
-    from transformers.utils.import_utils import is_serve_available
-
-    return None if is_serve_available() else "transformers reports its serving extra as unavailable"
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    missing = _missing()
+    missing = transformers_serve_missing()
     if missing is not None:
         pytest.skip(f"transformers serve cannot run here: {missing} (pip install -e '.[dev]')")
     root = tmp_path_factory.mktemp("transformers-serve")
     model = write_random_checkpoint(root / "tiny-llama", SHAPE, seed=0, demo=False)
     write_tokenizer(model, train_tokenizer(SHAPE.vocab_size, demo_corpus(num_lines=1500, lexicon_size=1500)))
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "transformers.cli.transformers",
-        "serve",
-        str(model),
-        "--continuous-batching",
-        "--device",
-        "cpu",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        # a small paged cache: sized from memory, its set-up takes seconds on a CPU
-        "--cb-num-blocks",
-        "64",
-        "--cb-max-batch-tokens",
-        "256",
-        "--log-level",
-        "warning",
-    ]
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(root / "hf-home")}
+    # a small paged cache: sized from memory, its set-up takes seconds on a CPU
+    argv = transformers_serve_argv(str(model), port=port, num_blocks=64, max_batch_tokens=256)
+    env = {**TRANSFORMERS_OFFLINE_ENV, "HF_HOME": str(root / "hf-home")}
     server = start_server(argv, port, env=env, log=root / "serve.log")
     try:
         try:

@@ -40,6 +40,53 @@ def contbatch_argv(*args: str, port: int) -> list[str]:
     return [sys.executable, "-m", "contbatch.cli.main", *args, "--port", str(port), "--log-level", "warning"]
 
 
+def transformers_serve_argv(
+    model: str,
+    *,
+    port: int,
+    num_blocks: int,
+    max_batch_tokens: int,
+    block_size: int | None = None,
+    dtype: str | None = None,
+) -> list[str]:
+    """``transformers serve MODEL --continuous-batching`` on the CPU with its paged cache given
+    (`num_blocks` of `block_size` tokens: sized from memory, its set-up takes long on a CPU) and
+    its token budget per step (`max_batch_tokens`)."""
+    argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--continuous-batching",
+            "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--cb-num-blocks", str(num_blocks),
+            "--cb-max-batch-tokens", str(max_batch_tokens), "--log-level", "warning"]  # fmt: skip
+    if block_size is not None:
+        argv += ["--cb-block-size", str(block_size)]
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    return argv
+
+
+TRANSFORMERS_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # no download, ever
+
+
+def transformers_serve_missing() -> str | None:
+    """Why `transformers serve --continuous-batching` cannot run in this environment (None: it can)."""
+    import importlib.util
+
+    for module, why in (
+        ("transformers", "transformers is not installed"),
+        ("accelerate", "accelerate is not installed (transformers serve loads with a device_map)"),
+        ("fastapi", "fastapi is not installed"),
+        ("uvicorn", "uvicorn is not installed"),
+        ("openai", "openai is not installed (transformers serve validates requests with its types)"),
+    ):
+        if importlib.util.find_spec(module) is None:
+            return why
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return f"transformers {transformers.__version__} has no `serve --continuous-batching` (5.x has)"
+    from transformers.utils.import_utils import is_serve_available
+
+    return None if is_serve_available() else "transformers reports its serving extra as unavailable"
+
+
 @dataclass
 class ServerProcess:
     process: subprocess.Popen[bytes]

@@ -50,7 +50,7 @@ from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 from contbatch.engine.replay import replay
 from contbatch.metrics import summarize
 from contbatch.sim.cost import CostModel
-from contbatch.sim.costs.profile import ProfileCost, Speed, Totals, speeds_by_kind, whole_speed
+from contbatch.sim.costs.profile import ProfileCost, Speed, Totals, kind_totals, speeds_by_kind, whole_speed
 from contbatch.sim.loop import simulate
 from contbatch.traces import Trace
 
@@ -189,14 +189,7 @@ def validate(
 def step_totals(cost: ProfileCost, steps: list[StepSample]) -> Totals:
     """One pass over a replay's engine steps: their measured cycle time and the profile's price of
     the same steps at calibration speed, for the decode-only steps and for those with prefill."""
-    calibrated = cost.at_speed(1.0)
-    decode = [step for step in steps if not step.num_prefill_tokens]
-    prefill = [step for step in steps if step.num_prefill_tokens]
-
-    def total(kind: list[StepSample]) -> tuple[float, float]:
-        return sum(s.ms for s in kind), 1000.0 * sum(calibrated.step_time(s.to_output()) for s in kind)
-
-    return total(decode), total(prefill)
+    return kind_totals(((step.ms, step.to_output()) for step in steps), cost.at_speed(1.0))
 
 
 def step_speed(cost: ProfileCost, steps: list[StepSample]) -> float:

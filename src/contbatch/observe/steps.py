@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, build_output
 from contbatch.observe.record import ObservedRequest, ObservedRun
 from contbatch.sim.cost import CostModel
-from contbatch.sim.costs.profile import Totals
+from contbatch.sim.costs.profile import Totals, kind_totals
 
 CLUSTER_GAP = 0.3  # of the run's median chunk gap: arrivals closer than this to a cluster's first join it
 
@@ -114,13 +114,6 @@ def _chunk(request: ObservedRequest, tokens_before: int) -> ScheduledChunk:
 
 
 def step_totals(run: ObservedRun, cost: CostModel, max_num_batched_tokens: int) -> Totals:
-    """The run's timed steps as `contbatch.calibrate.validate.step_totals` reads an engine's own
-    steps: ((measured ms, `cost`'s price in ms) of the decode-only ones, the same of those with a
-    prefill); `speeds_by_kind` and `whole_speed` turn them into the machine's speed during the run."""
-    totals = [[0.0, 0.0], [0.0, 0.0]]
-    for step in timed_steps(run, max_num_batched_tokens):
-        kind = totals[1 if step.out.num_prefill_tokens else 0]
-        kind[0] += 1000.0 * step.duration_s
-        kind[1] += 1000.0 * cost.step_time(step.out)
-    (dm, dp), (pm, pp) = totals
-    return (dm, dp), (pm, pp)
+    """`kind_totals` of the run's timed steps: what `speeds_by_kind` and `whole_speed` turn into
+    the machine's speed during the run."""
+    return kind_totals(((1000.0 * s.duration_s, s.out) for s in timed_steps(run, max_num_batched_tokens)), cost)

@@ -57,11 +57,11 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from contbatch.core.outputs import SchedulerOutput
-from contbatch.sim.cost import AffineCost
+from contbatch.sim.cost import AffineCost, CostModel
 from contbatch.sim.costs.errors import CostSpecError, float_param, split_params, split_path
 from contbatch.sim.costs.table import TableCost
 
@@ -77,6 +77,21 @@ MIN_STEP_MS = 0.001  # the floor of a step's price: a step always moves the cloc
 
 Speed = tuple[float, float]  # step times now over at calibration: (decode-only steps, steps with prefill)
 Totals = tuple[tuple[float, float], tuple[float, float]]  # (measured ms, priced ms): decode-only steps, with prefill
+
+
+def kind_totals(steps: Iterable[tuple[float, SchedulerOutput]], cost: CostModel) -> Totals:
+    """Measured steps, each (ms, what ran), against `cost`: (measured ms, `cost`'s price in ms)
+    summed over the decode-only steps and over those with prefill tokens (`whole_speed` and
+    `speeds_by_kind` turn them into the machine's speed). An engine's own steps
+    (`contbatch.calibrate.validate`) and a server's steps read from outside (`contbatch.observe.steps`)
+    both come here."""
+    totals = [[0.0, 0.0], [0.0, 0.0]]
+    for ms, out in steps:
+        kind = totals[1 if out.num_prefill_tokens else 0]
+        kind[0] += ms
+        kind[1] += 1000.0 * cost.step_time(out)
+    (dm, dp), (pm, pp) = totals
+    return (dm, dp), (pm, pp)
 
 
 def _ratio(measured: float, priced: float, default: float) -> float:
