@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -297,6 +298,24 @@ def test_describe_matches_numpy(values: list[float]) -> None:
     for p in (90, 95, 99):
         assert stats[f"p{p}"] == pytest.approx(float(np.percentile(arr, p)))
     assert all(type(v) is float for v in stats.values())
+
+
+@given(
+    st.lists(
+        st.one_of(st.floats(allow_nan=False), st.sampled_from([math.inf, -math.inf, math.nan, 0.0, -0.0, 1e308])),
+        min_size=1,
+        max_size=9,
+    )
+)
+def test_the_median_of_a_sorted_sample_is_numpys_to_the_last_bit(values: list[float]) -> None:
+    from contbatch.metrics.stats import _sorted_median
+
+    arr = np.sort(np.asarray(values, dtype=np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = np.median(np.asarray(values, dtype=np.float64))
+        got = _sorted_median(arr)
+    assert type(got) is np.float64
+    assert (math.isnan(got) and math.isnan(expected)) or got == expected  # (0.0 == -0.0: order decides)
 
 
 @given(ttfts=_values)

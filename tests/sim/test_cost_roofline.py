@@ -265,3 +265,29 @@ def test_attention_pairs_equal_the_float_sum_in_chunk_order() -> None:
                 num_omitted_decodes=omitted,
             )
         assert _attention_and_logits(step) == reference(step)
+
+
+@pytest.mark.parametrize("spec", ["llama-2-7b@a100", "llama-3-8b@h100", "llama-2-7b@a100x2"])
+def test_a_step_costs_its_breakdowns_total_to_the_last_bit(spec: str) -> None:
+    """`step_time` (a shortcut for one device) gives the float of `breakdown(...).total_s`, which
+    computes every term, for random shapes: prefills, decodes, padding, chunkless decodes."""
+    import random
+
+    cost = roofline(spec)
+    rng = random.Random(11)
+    for trial in range(300):
+        chunks = [
+            ScheduledChunk(f"r{i}", rng.randrange(4096), rng.choice((1, 1, 3, 512, 4000)), rng.random() < 0.4, True)
+            for i in range(rng.randrange(0, 40))
+        ]
+        step = build_output(trial, chunks, num_padding_tokens=rng.randrange(5))
+        if not chunks:
+            n = rng.randrange(0, 64)
+            step = dataclasses.replace(
+                step, num_batched_tokens=n, num_decode_tokens=n, num_context_tokens=n * rng.randrange(1, 3000)
+            )
+        assert cost.step_time(step) == cost.breakdown(step).total_s, step
+        if not chunks and step.num_batched_tokens + step.num_padding_tokens:  # a decode run's price of it
+            price = cost.decode_pricer(step.num_decode_tokens, step.num_padding_tokens)
+            assert price is not None
+            assert price(trial, step.num_context_tokens) == cost.breakdown(step).total_s, step

@@ -69,9 +69,21 @@ def describe(values: Sample, scale: float = 1.0) -> dict[str, float | None]:
         finite_mean = np.isfinite(mean)
         spread = np.float64(math.sqrt(_exact_sum(arr, about=float(mean)) / len(arr))) if finite_mean else np.std(arr)
         low, high = np.min(arr), np.max(arr)
-        raw = [mean, np.median(arr, overwrite_input=True), spread, low, high]
+        raw = [mean, _sorted_median(arr), spread, low, high]
         raw += list(np.percentile(arr, PERCENTILES, overwrite_input=True))
     return {prefix: _plain(value) for prefix, value in zip(STAT_PREFIXES, raw, strict=True)}
+
+
+def _sorted_median(arr: np.ndarray[Any, np.dtype[np.float64]]) -> np.float64:
+    """`np.median` of a sorted sample (NaN last), the same float, without the walk over the sample
+    and the masked-array module (`numpy.ma`, some 20 ms to import) that `np.median` takes: the
+    middle value, or the mean of the middle two as `np.mean` computes it ((a + b) / 2); NaN
+    when the sample holds a NaN."""
+    n = len(arr)
+    if math.isnan(arr[-1]):
+        return np.float64(math.nan)
+    mid = n // 2
+    return np.float64(arr[mid]) if n % 2 else (arr[mid - 1] + arr[mid]) / np.float64(2.0)
 
 
 _CHUNK = 1 << 16

@@ -30,11 +30,9 @@ checked between steps) no replica leaks a KV block.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from contbatch.core import ContinuousScheduler, FinishReason, Request
@@ -52,6 +50,7 @@ from contbatch.sim.cluster_result import ClusterResult
 from contbatch.sim.cluster_runs import SEGMENT_STEPS, DecodePrices, ReplicaRun
 from contbatch.sim.cluster_transfer import KVLink, kv_bytes_per_token
 from contbatch.sim.loop import make_request
+from contbatch.sim.no_cycles import cyclic_gc_paused
 from contbatch.traces import Trace, TraceRequest
 
 # event kinds, in tie order at equal times (arrivals come from the trace, between TIMER and SCALE)
@@ -184,8 +183,8 @@ class ClusterSim:
         return self.num_done < len(self.trace.requests)
 
     def run(self) -> ClusterResult:
-        """Replay the trace to its end (with the cyclic garbage collector paused: see `_gc_paused`)."""
-        with _gc_paused():
+        """Replay the trace to its end (with the cyclic garbage collector paused: `contbatch.sim.no_cycles`)."""
+        with cyclic_gc_paused():
             return self._run()
 
     def _run(self) -> ClusterResult:
@@ -582,22 +581,6 @@ class ClusterSim:
             incoming[job.decode.replica_id] += 0 if job.handed else 1
         for replica in self.replicas:
             assert replica.incoming == incoming[replica.replica_id], f"{replica}: incoming transfers miscounted"
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the duration (restored after, as it was). A run
-    makes next to no reference cycles (reference counting frees its garbage; about 2,000 cyclic
-    objects per 100,000 requests wait for the next collection), but it holds millions of objects
-    (the trace, a row per finished request), which every collection of the older generations
-    walks again: 7 % of the CPU time of `benchmarks/cluster_speed.py --requests 100000`."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _metric(replica: Replica, metric: str, ts: float, now: float) -> float | None:

@@ -37,6 +37,7 @@ from contbatch.metrics import SLO, StreamingSummary, summarize
 from contbatch.sim.clients import Clients
 from contbatch.sim.cost import CostModel
 from contbatch.sim.executor import DUMMY_TOKEN_ID, SimExecutor
+from contbatch.sim.no_cycles import cyclic_gc_paused
 from contbatch.sim.skip_ahead import SkipAhead
 from contbatch.traces import Trace, TraceRequest
 
@@ -60,6 +61,7 @@ class SimResult:
     streaming: StreamingSummary | None = None  # with keep_timelines=False: the folded requests (timelines is empty)
     max_buffered_tokens: int = 0  # most tokens waiting for one slow client at once (0 when untracked)
 
+    @cyclic_gc_paused()  # (it makes no reference cycles either)
     def summary(self, slo: SLO | None = None) -> dict[str, object]:
         """`contbatch.metrics.summarize` of the run (from the folded rows in streaming mode)."""
         waste = {"padding_tokens": self.padding_tokens, "unsent_tokens": self.unsent_tokens}
@@ -152,6 +154,7 @@ class Arrivals:
         self.num_added = end
 
 
+@cyclic_gc_paused()  # (it makes no reference cycles: contbatch.sim.no_cycles)
 def simulate(
     trace: Trace,
     scheduler: SchedulerBase,
