@@ -294,3 +294,86 @@ def test_long_segments_are_timed_at_once(monkeypatch: pytest.MonkeyPatch) -> Non
         assert (skipped.kv_usage_mean, skipped.kv_usage_max) == (stepped.kv_usage_mean, stepped.kv_usage_max)
         assert sum(taken) > skipped.num_steps / 5, "long segments were meant to be timed at once"
         assert len(calls) < skipped.num_steps / 50
+
+
+@st.composite
+def saturating(draw: st.DrawFn) -> tuple[Trace, SchedulerConfig]:
+    """Bursts that fill the pool, the seats or the budget: requests wait, long prompts are
+    computed in chunks, so decode runs carry a waiting queue and a prefilling member."""
+    requests = [
+        TraceRequest(
+            f"r{i}",
+            float(draw(st.integers(0, 30))) * draw(st.sampled_from([0.01, 0.1, 1.0])),
+            draw(st.sampled_from([1, 3, 17, 40, 90, 150])),
+            draw(st.integers(1, 50)),
+        )
+        for i in range(draw(st.integers(2, 24)))
+    ]
+    kv = draw(
+        st.one_of(
+            st.none(),
+            st.builds(
+                KVConfig,
+                block_size=st.sampled_from([1, 4, 16]),
+                num_blocks=st.integers(40, 400),
+                admission=st.sampled_from(["optimistic", "optimistic", "reserve"]),
+                preemption=st.sampled_from(["recompute", "swap"]),
+                num_host_blocks=st.sampled_from([0, 50]),
+                watermark=st.sampled_from([0.0, 0.01, 0.1]),
+            ),
+        )
+    )
+    config = SchedulerConfig(
+        max_num_batched_tokens=draw(st.sampled_from([8, 32, 64, 200])),
+        sample_on_prefill=draw(st.sampled_from([True, True, False])),
+        max_num_seqs=draw(st.sampled_from([None, 2, 5])),
+        chunked_prefill=draw(st.sampled_from([True, True, False])),
+        skip_blocked=draw(st.sampled_from([False, False, True])),
+        batch_buckets=draw(st.sampled_from([(), (1, 2, 4, 8, 16)])),
+        queue_order=draw(st.sampled_from(["fcfs", "fcfs", "priority"])),
+        kv=kv,
+    )
+    trace = Trace("burst", tuple(sorted(requests, key=lambda r: r.arrival_ts)), "s", "hypothesis")
+    return _fits(trace, config), config
+
+
+@settings(max_examples=3 * settings().max_examples, deadline=None, derandomize=True)
+@given(case=saturating(), cost_name=st.sampled_from(sorted(COSTS)))
+def test_saturated_runs_equal_stepping(case: tuple[Trace, SchedulerConfig], cost_name: str) -> None:
+    """Runs that carry a waiting queue and a prefilling member (planned steps) give stepping's
+    results, step records and totals."""
+    trace, config = case
+    if not trace.requests:
+        return
+    cost = COSTS[cost_name]
+    if cost_name == "moe":
+        cost.reset_stats()  # type: ignore[attr-defined]
+
+    def check(scheduler: object, out: object, now: float) -> None:
+        check_invariants(scheduler)  # type: ignore[arg-type]
+
+    stepped_log, skipped_log = StepLog(), StepLog()
+    stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False, observers=[stepped_log])
+    skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=check, observers=[skipped_log])
+    assert _fingerprint(skipped) == _fingerprint(stepped)
+    assert skipped_log.rows == stepped_log.rows
+    unobserved = simulate(trace, ContinuousScheduler(config), cost)
+    assert _fingerprint(unobserved) == _fingerprint(stepped)
+    assert unobserved.busy_time == stepped.busy_time
+    assert (unobserved.kv_usage_mean, unobserved.kv_usage_max) == (stepped.kv_usage_mean, stepped.kv_usage_max)
+
+
+def test_saturated_traffic_is_taken_in_runs() -> None:
+    """A queue that never empties and prompts longer than a step's budget: runs carry the queue
+    and the chunked prefills (few `schedule` calls for many steps), with stepping's results."""
+    trace = generate("saturated", 400, poisson(60.0), uniform(100, 900), uniform(5, 60), seed=9)
+    kv = KVConfig(num_blocks=1200, block_size=16)
+    config = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64, kv=kv)
+    cost = COSTS["roofline"]
+    stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
+    scheduled: list[float] = []
+    skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=lambda s, o, n: scheduled.append(n))
+    assert _fingerprint(skipped) == _fingerprint(stepped)
+    assert skipped.busy_time == stepped.busy_time
+    assert sum(len(t.scheduled_ts) for t in stepped.timelines) > len(trace), "the pool was meant to be short"
+    assert len(scheduled) < stepped.num_steps / 5

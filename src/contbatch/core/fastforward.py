@@ -1,23 +1,30 @@
 """Fast-forward: the public scheduler API for taking steps whose every decision is foregone
 without `schedule`/`update` (the simulator's decode runs, `contbatch.sim.decode_run`).
 
-While every running request decodes one token per step and nothing waits, the coming steps are
-fully determined: every running request gets its token, the batch shrinks as requests finish,
-each request takes its next block at a block boundary, and an arriving request that fits at once
-(a seat, its whole prompt in the step's budget, its first blocks above the watermark) is
-admitted and prefilled whole. A caller that takes such steps in bulk needs the scheduler's rules
-and a few state changes; `FastForward` is that API, and the rules it answers are the
-scheduler's own (`plan_chunk`, `Memory.shortfall`, the seat limit), never restated.
+While every running request decodes one token per step (but, perhaps, the newest, which is
+computing its prompt in chunks), the coming steps are determined by rules a caller can apply
+without the per-request work of a step: every decoding request gets its token, the batch shrinks
+as requests finish, each request takes its next block at a block boundary, the prefilling request
+takes what the budget leaves, and the waiting requests are offered in queue order, each admitted
+when it fits (a seat, its first chunk in the step's budget, its first blocks above the watermark)
+until one does not: then it and those behind it wait. A caller that takes such steps in bulk
+needs the scheduler's rules and a few state changes; `FastForward` is that API, and the rules it
+answers are the scheduler's own (`plan_chunk`, `Memory.shortfall`, the seat limit), never restated.
 
 `ContinuousScheduler.fast_forward()` gives one only when such steps are possible (under engine
 semantics or the seed's, where a prefill samples nothing and the first token comes one step
 later): no speculative decoding, output credits, timeouts, tenant KV quotas, prefix caching or
-estimate admission, nothing waiting, and every running request steadily decoding and holding no more
-blocks than its next token needs. Arrivals may be admitted inside only without tenant quotas,
-fair-share accounting or a waiting-queue bound (`admits_arrivals`).
+estimate admission; every running request steadily decoding and holding no more blocks than its
+next token needs, but the newest, which may be part-way through computing what it knows; and,
+when requests wait or one is prefilling, an admission phase with nothing else to decide:
+`admits` (no tenant seat quota, fair-share accounting or waiting-queue bound), decodes before
+prefills (not `prefill_first`), a blocked request blocking the queue (not `skip_blocked`), no
+priority preemption, no cap on a request's chunk or on partial prefills (so a partial prefill
+always takes the rest of the budget and is the newest running request). `admits` alone allows
+admitting arrivals into an otherwise idle queue.
 
 Invariants while one is open: the caller alone drives the scheduler until `close`; blocks the
-caller counts as owed are not taken from the pool until `take_blocks` (at close), so the pool's
+caller counts as owed are not taken from the pool until `hold` (at close), so the pool's
 free count minus the owed blocks is what every decision meanwhile must see; `close` leaves the
 scheduler exactly as the same steps taken one by one would have.
 """
@@ -25,9 +32,10 @@ scheduler exactly as the same steps taken one by one would have.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from contbatch.core.outputs import ScheduledChunk
 from contbatch.core.plan import plan_chunk
 from contbatch.core.request import Request
 from contbatch.core.status import FinishReason
@@ -41,7 +49,7 @@ def may_fast_forward(s: ContinuousScheduler) -> bool:
     cfg = s.config
     memory = s.memory
     return bool(s.running) and not (
-        s.waiting
+        (s.waiting and not _plain_admission(s))
         or cfg.num_speculative_tokens
         or cfg.lifecycle.output_credits is not None
         or cfg.lifecycle.has_timeouts
@@ -51,25 +59,72 @@ def may_fast_forward(s: ContinuousScheduler) -> bool:
     )
 
 
+def _admits(s: ContinuousScheduler) -> bool:
+    """Whether admitting a request needs nothing but its seat, its chunk and its blocks."""
+    return (
+        s.config.tenants.max_running is None
+        and s.config.tenants.max_kv_blocks is None
+        and not s.waiting.charges_service
+        and s.config.lifecycle.max_waiting is None
+    )
+
+
+def _plain_admission(s: ContinuousScheduler) -> bool:
+    """Whether a step's admission phase can be taken by the caller: `admits`, after every
+    running request's chunk (decodes first, the one partial prefill last, taking what is left),
+    stopping at the first waiting request that does not fit (see the module docstring)."""
+    cfg = s.config
+    return (
+        _admits(s)
+        and not cfg.prefill_first
+        and not cfg.skip_blocked
+        and cfg.priority_preemption is None
+        and cfg.max_partial_prefills is None
+        and cfg.max_prefill_tokens_per_request is None
+    )
+
+
+def open_fast_forward(s: ContinuousScheduler) -> FastForward | None:
+    """`ContinuousScheduler.fast_forward()`: a `FastForward`, or None when the coming steps are
+    not all foregone (the configuration or the queue rules it out, or a running request is not
+    steadily decoding, or holds more blocks than its next token needs, or is computing what it
+    knows without being the newest, under a plain admission phase)."""
+    if not may_fast_forward(s):
+        return None
+    ff = FastForward(s)
+    # steady: one position to compute per step, at the sequence end (under the seed's semantics
+    # the decode unit that samples the next token computes a position past the known ones)
+    lag = 1 if ff.samples_on_prefill else 0
+    running = s.running
+    for r in running:
+        computed = r.num_computed_tokens
+        if computed >= r.num_prompt_tokens and computed == r.num_known_tokens - lag:  # steady
+            if ff.tracks_growth and not 0 <= r.kv_capacity - computed < ff.block_size:
+                return None
+        elif r is running[-1] and ff.plain_admission:
+            ff.prefilling = r  # computing its prompt (or, after a preemption, all it knew) in chunks
+        else:
+            return None
+    return ff
+
+
 class FastForward:
     """See the module docstring. Obtained from `ContinuousScheduler.fast_forward()`."""
 
     def __init__(self, scheduler: ContinuousScheduler) -> None:
         self._s = s = scheduler
         memory = s.memory
-        tenants = s.config.tenants
         self.first_step_id = s._step_id  # the id of the first step taken
         self.running: tuple[Request, ...] = tuple(s.running)  # at the start, in admission order
         self.block_size = memory.kv.block_size if memory is not None else 1
         self.num_blocks = memory.kv.num_blocks if memory is not None else 0
         # requests grow block by block (not under full reservation, not without a KV limit)
         self.tracks_growth = memory is not None and memory.config.admission != "reserve"
-        self.admits_arrivals = (
-            tenants.max_running is None
-            and tenants.max_kv_blocks is None
-            and not s.waiting.charges_service
-            and s.config.lifecycle.max_waiting is None
-        )
+        self.admits_arrivals = _admits(s)
+        # the admission phase is the caller's to take whatever it decides (else only when every
+        # waiting request is admitted with its whole prompt: see the module docstring)
+        self.plain_admission = _plain_admission(s)
+        self.prefilling: Request | None = None  # the running request computing its prompt (the newest)
         self.max_num_batched_tokens = s.config.max_num_batched_tokens
         self.samples_on_prefill = s.config.sample_on_prefill  # else a prefill's first token comes a step later
         self.bucket_padding = s.bucket_padding_for  # tokens padding a step of n tokens to its bucket
@@ -91,39 +146,63 @@ class FastForward:
     def num_free_blocks(self) -> int:
         return self._kv.num_free_blocks if self._kv is not None else 0
 
-    def waiting(self, now: float) -> list[Request]:
-        """The waiting requests in the order the queue offers them at `now`."""
-        return list(self._s.waiting.candidates(now))
+    def waiting(self, now: float) -> Iterator[Request]:
+        """The waiting requests in the order the queue offers them at `now` (do not admit any
+        while iterating)."""
+        return self._s.waiting.candidates(now)
 
-    def first_blocks(self, request: Request) -> int:
-        """Blocks a new request's first allocation takes when it is admitted with its whole prompt."""
-        memory = self._s.memory
-        return memory.kv.num_blocks_for(memory.first_hold(request, request.num_prompt_tokens)) if memory else 0
+    def has_waiting(self) -> bool:
+        return bool(self._s.waiting)
 
-    def fits_whole(
+    def admits(self, request: Request) -> bool:
+        """Whether the caller may admit waiting `request` (by `admission`): its first chunk starts
+        at its first position, as for a request never run or one preempted by recompute (it
+        computes all it knew again); not one whose KV is swapped out or arrives from elsewhere."""
+        if request.num_external_tokens and not request.num_preemptions:
+            return False
+        return self._kv is None or not self._kv.is_swapped(request.request_id)
+
+    def plan(self, request: Request, budget: int) -> ScheduledChunk | None:
+        """The next chunk of running `request` (one computing what it knows) within `budget`
+        tokens, as the scheduler plans it."""
+        return self._plan(request, budget)
+
+    def computed(self, request: Request, chunk: ScheduledChunk) -> None:
+        """`request` computed `chunk` (not sampling: tokens come with the caller's `emit`), as
+        `update` applies it: its computed tokens, and the recomputed ones counted."""
+        if chunk.is_prefill:
+            self._s._advance_prefill(request, chunk)
+        else:
+            request.num_computed_tokens = chunk.start + chunk.num_new_tokens
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens."""
+        return self._kv.num_blocks_for(num_tokens) if self._kv is not None else 0
+
+    def admission(
         self, request: Request, *, num_running: int, budget: int, free_blocks: int, alone: bool
-    ) -> int | None:
-        """The blocks admission would take for waiting `request` now with its whole prompt (a
-        seat with `num_running` running, its prompt in `budget` tokens as one chunk, its first
-        blocks out of `free_blocks` above the watermark, none when it would run `alone`); None
-        when it would not be admitted so."""
-        if num_running >= self._seats or request.num_external_tokens:
-            return None  # (external KV: its first chunk is not its whole prompt; the scheduler decides)
-        prompt = request.num_prompt_tokens
+    ) -> tuple[ScheduledChunk, int] | None:
+        """(its first chunk, the blocks it takes) when admission would admit waiting `request`
+        (one the caller `admits`) now (a seat with `num_running` running, its first chunk planned within `budget`
+        tokens, its first blocks out of `free_blocks` above the watermark, none when it would run
+        `alone`); None when it would not."""
+        if num_running >= self._seats:
+            return None
         chunk = self._plan(request, budget)
-        if chunk is None or chunk.num_new_tokens != prompt:
+        if chunk is None:
             return None
         memory, kv = self._memory, self._kv
         if memory is None or kv is None:
-            return 0
-        if memory.shortfall(request, prompt, alone=alone, extra_free=free_blocks - kv.num_free_blocks):
+            return chunk, 0
+        end = chunk.num_new_tokens
+        if memory.shortfall(request, end, alone=alone, extra_free=free_blocks - kv.num_free_blocks):
             return None
-        return kv.num_blocks_for(memory.first_hold(request, prompt))
+        return chunk, kv.num_blocks_for(memory.first_hold(request, end))
 
     # -- what the caller changes ---------------------------------------------------------------
     def admit(self, request: Request, now: float, blocks: int) -> None:
         """Admit waiting `request` at `now` without taking its blocks: it is owed `blocks` (its
-        first allocation, from `fits_whole`; taken by `take_blocks`), which its `kv_capacity`
+        first allocation, from `admission`; taken by `hold`), which its `kv_capacity`
         says it will hold."""
         s = self._s
         s.waiting.admitted(request)
@@ -147,16 +226,19 @@ class FastForward:
         self._s._finish(request, reason, now)
         return self.num_free_blocks()
 
-    def take_blocks(self, request: Request, *, held_before: bool) -> bool:
-        """Give a request still running the blocks it is owed: its growth (`held_before`: it held
-        blocks before), or its whole first allocation plus growth (admitted in between)."""
+    def hold(self, request: Request, num_tokens: int) -> bool:
+        """Make running `request` hold blocks for `num_tokens` tokens from the pool (keeping those it
+        held before; its `kv_capacity`, perhaps counted ahead, set from what it really holds)."""
         memory = self._s.memory
         assert memory is not None
-        if held_before:
-            return memory.grow(request, request.num_computed_tokens)
-        request.kv_capacity = 0  # it held nothing in the pool yet
-        first = memory.first_hold(request, request.num_prompt_tokens)
-        return memory.reserve(request, max(first, request.num_computed_tokens))
+        kv = memory.kv
+        request.kv_capacity = kv.num_held_blocks(request.request_id) * kv.block_size
+        return memory.grow(request, num_tokens)
+
+    def first_hold(self, request: Request, end: int) -> int:
+        """Tokens a request admitted with a first chunk ending at `end` holds blocks for."""
+        memory = self._s.memory
+        return memory.first_hold(request, end) if memory is not None else 0
 
     def close(self, running: Sequence[Request], *, num_steps: int, num_padding_tokens: int) -> None:
         """Hand the scheduler back after `num_steps` steps with `running` still running."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 
 from contbatch.core.admission import Admission
-from contbatch.core.fastforward import FastForward, may_fast_forward
+from contbatch.core.fastforward import FastForward, open_fast_forward
 from contbatch.core.lifecycle import paused_too_long
 from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
 from contbatch.core.request import Request
@@ -81,21 +81,8 @@ class ContinuousScheduler(Admission):
 
     def fast_forward(self) -> FastForward | None:
         """The API for taking the coming steps in bulk (`contbatch.core.fastforward`), or None
-        when they are not all foregone: the configuration or the queue rules it out, or a running
-        request is not steadily decoding or holds more blocks than its next token needs."""
-        if not may_fast_forward(self):
-            return None
-        ff = FastForward(self)
-        # steady: one position to compute per step, at the sequence end (under the seed's semantics
-        # the decode unit that samples the next token computes a position past the known ones)
-        lag = 1 if ff.samples_on_prefill else 0
-        for r in self.running:
-            computed = r.num_computed_tokens
-            if computed != r.num_known_tokens - lag or computed < r.num_prompt_tokens:
-                return None
-            if ff.tracks_growth and not 0 <= r.kv_capacity - computed < ff.block_size:
-                return None
-        return ff
+        when they are not all foregone (`open_fast_forward` says when)."""
+        return open_fast_forward(self)
 
     def rejection(self, request: Request) -> tuple[str, str]:
         kind, reason = super().rejection(request)

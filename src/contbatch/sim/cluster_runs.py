@@ -10,11 +10,11 @@ visible to a router but its KV usage, which `scrape` reads off the plan), priced
 committed when its last step ends, so requests a run finishes end at their step's end. A run
 whose members have all finished stays open, dormant, until a request is routed to it. A
 request routed to the replica meanwhile `cut`s the segment: the steps already over are taken,
-the one running stays planned, and at its end the request joins, prefilled whole inside the run
-when it fits at once (`DecodeRun.admit_step`); when it does not, or a step would need a
-preemption, or nothing is left to decode, the run closes and the scheduler decides again
-(stepping). While a run is open the scheduler's running set is stale: what `/metrics` would
-show comes from the run (`scrape`).
+the one running stays planned, and at its end the request is admitted inside the run when it
+fits (`DecodeRun.plan_step`: a step planned whole, with its prefill chunks); when a step would
+need a decision the run does not take (a preemption), or nothing is left to run, the run closes
+and the scheduler decides again (stepping). While a run is open the scheduler's running set is
+stale: what `/metrics` would show comes from the run (`scrape`).
 
 Equivalence: the same timelines, finish reasons, step counts and KV figures as stepping
 (`tests/fleet/test_cluster_runs.py`, on random fleets and traces).
@@ -116,7 +116,7 @@ class ReplicaRun:
     @property
     def is_empty(self) -> bool:
         """No member left and nobody waiting: the run may stay open, dormant, until a request comes."""
-        return self.run.num_alive == 0 and not self.scheduler.num_waiting
+        return self.run.num_running == 0 and not self.scheduler.num_waiting
 
     def plan(self, now: float) -> float | None:
         """Plan the next steps, from `now`: one with the waiting requests admitted into it, or a
@@ -126,20 +126,20 @@ class ReplicaRun:
         if room <= 0:
             return None
         self.start_ts = now
-        if self.scheduler.num_waiting:
-            planned = run.admit_step(now)
+        if run.needs_planning():
+            planned = run.plan_step(now)
             if planned is None:
                 return None
-            shape, used = planned
-            self._admitting, self._segment = shape, None
-            self.num_running = run.num_alive + shape.num_requests - shape.num_omitted_decodes
-            self._ends, self._used = [now + self.clock.pricer.step_time(shape)], [used]
+            run.take(planned, now)
+            self._admitting, self._segment = planned.shape, None
+            self.num_running = run.num_running
+            self._ends, self._used = [now + self.clock.pricer.step_time(planned.shape)], [planned.used]
             return self._ends[0]
         segment = run.decode_segment(min(room, self.segment_steps))
         if segment is None:
             return None
         self._segment, self._admitting = segment, None
-        self.num_running = run.num_alive
+        self.num_running = run.num_running
         price = self.prices(segment.num_decodes, segment.num_padding)
         step_id, context, n = run.first_step_id + len(run.step_ts), segment.first_context, segment.num_decodes
         ends: list[float] = []

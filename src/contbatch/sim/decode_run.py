@@ -2,31 +2,37 @@
 (the simulator's skip-ahead), through the scheduler's public fast-forward API
 (`contbatch.core.fastforward`: it answers the admission rules and makes the state changes).
 
-While every running request decodes one token per step and nothing waits, each step is fully
-determined (see `contbatch.core.fastforward`). A `DecodeRun` takes such steps without touching
-the requests one by one: its members are implicit (each is described by the run step of its
-first token, its last step and its computed tokens at that point), a step costs O(1) plus its
-arrivals and completions, and the KV blocks members grow into are only counted (`owed`) until
+While every running request decodes one token per step (but the newest, perhaps, computing its
+prompt in chunks), each step is determined by the scheduler's rules (see
+`contbatch.core.fastforward`). A `DecodeRun` takes such steps without touching the running
+requests one by one: its members are implicit (each is described by the run step of its first
+token, its last step and its computed tokens at that point), a step costs O(1) plus its
+admissions and completions, and the KV blocks members grow into are only counted (`owed`) until
 the run closes (or the member finishes), which keeps the pool's free count exact for every
-decision taken meanwhile.
+decision taken meanwhile. While nothing waits and nobody is prefilling, steps come in segments of
+steady decodes (`decode_segment`); otherwise each step is planned whole (`plan_step`): the
+decodes, the prefilling member's next chunk (what the budget leaves), then the waiting requests in
+queue order, each admitted with its first chunk while it fits (a partial one becomes the
+prefilling member), as `schedule` would.
 
 Equivalence (tested against step-by-step simulation on thousands of random traces and
 configurations, under every cost model): the steps a run takes give the same per-request
 timelines, finish reasons, step ids, counters, KV usage and per-step records as that many
-`schedule`/`update` calls. A run refuses a step (`decode_segment` / `admit_step` return None and
-change nothing) whenever it could involve a decision: a KV shortage (someone would be
-preempted), or an arrival that does not fit at once (then it stays waiting and the scheduler
-decides).
+`schedule`/`update` calls. A run refuses a step (`decode_segment` / `plan_step` return None and
+change nothing) whenever it could involve a decision it does not take: a KV shortage (someone
+would be preempted), a waiting request whose KV is swapped out or arrives from elsewhere (the
+scheduler brings it in), an empty step.
 
-Invariants while a run is open: each scheduler request is either a member or untouched; the
-scheduler's running set is stale (refreshed by `close`), so nothing else may drive the
-scheduler until `close`; `owed` >= 0 and pool free blocks - `owed` >= 0.
+Invariants while a run is open: each scheduler request is either a member, the prefilling
+member, or untouched; the scheduler's running set is stale (refreshed by `close`), so nothing else
+may drive the scheduler until `close`; `owed` >= 0 and pool free blocks - `owed` >= 0; at most
+one member is prefilling, and it is the newest.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -62,8 +68,9 @@ class _Member:
     - `grows_from`: the first step at which its context outgrows its blocks (then every
       `block_size` steps); NEVER when it never grows (reserved, or no KV limit);
     - `stops`: its last token is an executor stop (else the output limit ends it);
-    - `owed_at_join`: blocks counted for it at admission but not taken from the pool (admitted
-      in the run: its whole first allocation; 0 for requests that held their blocks before).
+    - `owed_at_join`: blocks counted for it when it started decoding but not taken from the pool
+      (admitted in the run: its first allocation and what it grew into while prefilling; 0 for
+      requests that decoded before the run).
     """
 
     request: Request
@@ -83,10 +90,36 @@ class _Member:
         return self.owed_at_join + grown
 
 
+@dataclass(slots=True, eq=False)
+class _Prefill:
+    """The member computing what it knows in chunks (its prompt; after a recompute preemption,
+    its outputs too), the newest running: `done` tokens computed, `blocks` held (counted; those
+    held in the pool before the run included), `owed` of them not taken from the pool."""
+
+    request: Request
+    done: int
+    blocks: int
+    owed: int
+
+
+class _Planned(NamedTuple):
+    """A step `plan_step` planned: its shape, the KV blocks in use while it runs, the decoding
+    members' growth, the prefilling member's chunk and growth, and the waiting requests it admits
+    (each with its first chunk and first blocks), in queue order."""
+
+    shape: SchedulerOutput
+    used: int
+    growth: int
+    prefill_chunk: ScheduledChunk | None
+    prefill_growth: int
+    admitted: list[tuple[Request, ScheduledChunk, int]]
+
+
 class DecodeRun:
-    """See the module docstring. Use: `open_run`; then repeatedly either `decode_segment` (price
-    its steps, take as many as you like with `commit_segment`) or, when requests arrive,
-    `admit_step` (price the shape) and `commit`; finally `close()`."""
+    """See the module docstring. Use: `open_run`; then repeatedly, while `needs_planning()`,
+    `plan_step` (price the shape), `take` (at the step's start) and `commit` (at its end); else
+    `decode_segment` (price its steps, take as many as you like with `commit_segment`); finally
+    `close()`."""
 
     def __init__(self, ff: FastForward, stop_after: MutableMapping[str, int], *, admits_arrivals: bool) -> None:
         self.ff = ff
@@ -101,14 +134,26 @@ class DecodeRun:
         self.step_ts: list[float] = []  # end time of every step taken
         self.num_decoding = 0  # members decoding in the next step
         self.context_base = 0  # sum over decoding members of (base - first)
-        self.num_alive = 0  # members not finished
+        self.num_alive = 0  # decoding members not finished (the prefilling one is apart)
         self.owed = 0  # blocks grown into by members, not yet taken from the pool
         self.num_padding_tokens = 0
         # the pool only changes in a run when a member that held blocks before it finishes
         self._num_blocks = ff.num_blocks
         self._pool_free = ff.num_free_blocks()
-        self._pending: tuple[list[Request], int] | None = None
-        self._admitted_owed: list[int] = []  # per arrival of the planned step: blocks owed for it
+        self.prefill: _Prefill | None = None
+        self._taken: _Planned | None = None  # the step taken, until its commit
+
+    @property
+    def num_running(self) -> int:
+        """Running requests: the members not finished, the prefilling one, those the step taken
+        admits."""
+        taken = len(self._taken.admitted) if self._taken is not None else 0
+        return self.num_alive + (self.prefill is not None) + taken
+
+    def needs_planning(self) -> bool:
+        """The next step is planned whole (`plan_step`), not as a decode segment: a member is
+        prefilling or requests wait."""
+        return self.prefill is not None or self.ff.has_waiting()
 
     # -- joining and leaving -----------------------------------------------------------------
     def _join(self, request: Request, first: int, base: int, outputs_before: int, owed: int = 0) -> None:
@@ -141,7 +186,9 @@ class DecodeRun:
         """The coming steps (at most `max_steps`) that decode the same members with nothing
         arriving: up to the next step at which a member finishes, while the pool gives every
         step's growth. None when there are none (no member, or the next step needs a
-        preemption). Followed by `commit_segment` with the end times of the steps taken."""
+        preemption). Followed by `commit_segment` with the end times of the steps taken. Only
+        for steps that start while `needs_planning()` is False (a segment's steps admit nothing;
+        a request arriving meanwhile waits for the next step boundary)."""
         n = self.num_decoding
         if n == 0:
             return None
@@ -182,78 +229,148 @@ class DecodeRun:
         self.num_padding_tokens += k * segment.num_padding
         self._finish_due(i + k - 1)
 
-    def admit_step(self, now: float) -> tuple[SchedulerOutput, int] | None:
-        """Plan the next step with every waiting request (arrivals just handed to the scheduler)
-        admitted into it, in queue order, and prefilled whole: its full shape and the KV blocks
-        in use while it runs. None when one of them does not fit at once or the step needs a
-        preemption (nothing changed then: they stay waiting for the scheduler). Must be
-        followed by `commit`."""
-        if not self.admits_arrivals:
-            return None
+    def plan_step(self, now: float) -> _Planned | None:
+        """Plan the next step whole, as `schedule` at `now` would: every decoding member's token,
+        the prefilling member's next chunk, then the waiting requests admitted while they fit.
+        None when it needs a decision the run does not take (a preemption, a waiting request the
+        run does not admit (`FastForward.admits`), admitting when the run does not admit, an empty
+        step). Changes nothing;
+        followed by `take` and `commit`, or dropped."""
+        ff = self.ff
         i = len(self.step_ts)
         n = self.num_decoding
         growth = self.phase[i % self.block_size] if self.tracks_growth else 0
-        waiting = self.ff.waiting(now)
-        owed = self._admissible(waiting, n, self._pool_free - self.owed - growth) if waiting else None
-        if owed is None:
+        free = self._pool_free - self.owed - growth
+        if free < 0:
+            return None  # a decoding member cannot grow: someone is preempted
+        budget = ff.max_num_batched_tokens - n
+        prefill_chunk, prefill_growth = None, 0
+        pf = self.prefill
+        if pf is not None:
+            prefill_chunk = ff.plan(pf.request, budget) if budget > 0 else None
+            if prefill_chunk is None:
+                return None
+            prefill_growth = max(ff.blocks_for(prefill_chunk.start + prefill_chunk.num_new_tokens) - pf.blocks, 0)
+            if prefill_growth > free:
+                return None
+            free -= prefill_growth
+            budget -= prefill_chunk.num_new_tokens
+        admitted = self._admissions(now, budget, free) if ff.has_waiting() else []
+        if admitted is None or (n == 0 and pf is None and not admitted):
             return None
-        self.owed += growth
-        for request, blocks in zip(waiting, owed, strict=True):
-            self.ff.admit(request, now, blocks)
-            self.owed += blocks
-        self._admitted_owed = owed
-        samples = self.ff.samples_on_prefill
-        chunks = tuple([ScheduledChunk(r.request_id, 0, r.num_prompt_tokens, True, samples) for r in waiting])
+        chunks = [prefill_chunk] if prefill_chunk is not None else []
+        chunks += [chunk for _, chunk, _ in admitted]
         prefill = sum([c.num_new_tokens for c in chunks])
-        padding = self.ff.bucket_padding(n + prefill)
-        self._pending = (waiting, padding)
-        context = self.context_base + n * (i + 1)
+        padding = ff.bucket_padding(n + prefill)
+        context = self.context_base + n * (i + 1) + sum([c.start + c.num_new_tokens for c in chunks])
         shape = SchedulerOutput(
             self.first_step_id + i,
-            chunks,
+            tuple(chunks),
             prefill + n,
             prefill,
             n,
-            prefill + context,
+            context,
             padding,
             num_requests=len(chunks) + n,
             num_omitted_decodes=n,
         )
-        return shape, self._num_blocks - self._pool_free + self.owed
+        taken = growth + prefill_growth + sum([blocks for _, _, blocks in admitted])
+        used = self._num_blocks - self._pool_free + self.owed + taken
+        return _Planned(shape, used, growth, prefill_chunk, prefill_growth, admitted)
 
-    def _admissible(self, waiting: list[Request], n: int, free: int) -> list[int] | None:
-        """The blocks each of `waiting` takes when all of them fit this step at once, each with its
-        whole prompt (a seat, the budget, their blocks), asked of the scheduler's own rules one
-        after the other; None when one does not."""
+    def _admissions(self, now: float, budget: int, free: int) -> list[tuple[Request, ScheduledChunk, int]] | None:
+        """The waiting requests admitted with `budget` tokens and `free` blocks left, in queue
+        order until one does not fit (each with its first chunk and blocks); None when one to
+        decide about is not one the run admits, or the run does not admit, or, unless the
+        admission phase is plain (`FastForward.plain_admission`), one is not admitted with its
+        whole prompt."""
         ff = self.ff
-        running, budget = self.num_alive, ff.max_num_batched_tokens - n
-        owed: list[int] = []
-        for k, request in enumerate(waiting):
-            alone = n == 0 and k == 0  # nothing else runs: no watermark
-            blocks = ff.fits_whole(request, num_running=running, budget=budget, free_blocks=free, alone=alone)
-            if blocks is None:
+        if not self.admits_arrivals:
+            return None
+        if not ff.plain_admission:
+            return self._all_admitted_whole(now, budget, free)
+        return self._admissions_plain(ff.waiting(now), budget, free)
+
+    def _admissions_plain(
+        self, waiting: Iterable[Request], budget: int, free: int
+    ) -> list[tuple[Request, ScheduledChunk, int]] | None:
+        """`_admissions` of a plain admission phase, offered `waiting` in order."""
+        ff = self.ff
+        running = self.num_running
+        admitted: list[tuple[Request, ScheduledChunk, int]] = []
+        for request in waiting:
+            if budget <= 0:
+                break
+            if not ff.admits(request):
                 return None
-            owed.append(blocks)
+            alone = running == 0 and not admitted  # nothing else runs: no watermark
+            got = ff.admission(
+                request, num_running=running + len(admitted), budget=budget, free_blocks=free, alone=alone
+            )
+            if got is None:
+                break  # it blocks the queue
+            chunk, blocks = got
+            admitted.append((request, chunk, blocks))
+            budget -= chunk.num_new_tokens
             free -= blocks
-            running += 1
-            budget -= request.num_prompt_tokens
-        return owed
+        return admitted
+
+    def _all_admitted_whole(
+        self, now: float, budget: int, free: int
+    ) -> list[tuple[Request, ScheduledChunk, int]] | None:
+        """`_admissions` when the admission phase is not plain: every waiting request, each with
+        its whole prompt, or None."""
+        waiting = list(self.ff.waiting(now))
+        admitted = self._admissions_plain(waiting, budget, free)
+        if admitted is None or len(admitted) < len(waiting):
+            return None
+        return admitted if all(c.num_new_tokens == r.num_prompt_tokens for r, c, _ in admitted) else None
+
+    def take(self, planned: _Planned, now: float) -> None:
+        """Start the step `plan_step` planned, at `now`: its admissions happen, its blocks are
+        counted. Followed by `commit`."""
+        assert self._taken is None, "take twice without commit"
+        for request, _, blocks in planned.admitted:
+            self.ff.admit(request, now, blocks)
+            self.owed += blocks
+        self.owed += planned.growth + planned.prefill_growth
+        self._taken = planned
 
     def commit(self, end_ts: float) -> None:
-        """Take the step planned by the last `admit_step`, ending at `end_ts`."""
-        assert self._pending is not None, "commit without admit_step"
-        admitted, padding = self._pending
-        self._pending = None
+        """Take the step started by the last `take`, ending at `end_ts`."""
+        planned = self._taken
+        assert planned is not None, "commit without take"
+        self._taken = None
         i = len(self.step_ts)
         self.step_ts.append(end_ts)
-        self.num_padding_tokens += padding
-        for request, owed in zip(admitted, self._admitted_owed, strict=True):
-            if self.ff.samples_on_prefill:  # its prefill step sampled its first token
-                self._join(request, i, request.num_prompt_tokens - 1, 0, owed)
-            else:  # the seed's semantics: its first token comes from the next step's decode unit
-                self._join(request, i + 1, request.num_prompt_tokens, 0, owed)
-        self._admitted_owed = []
+        self.num_padding_tokens += planned.shape.num_padding_tokens
+        pf, chunk = self.prefill, planned.prefill_chunk
+        if pf is not None and chunk is not None:
+            pf.blocks += planned.prefill_growth
+            pf.owed += planned.prefill_growth
+            self.prefill = None
+            self._prefilled(pf, chunk, i)
+        for request, first, blocks in planned.admitted:
+            self._prefilled(_Prefill(request, 0, blocks, blocks), first, i)
         self._finish_due(i)
+
+    def _prefilled(self, pf: _Prefill, chunk: ScheduledChunk, i: int) -> None:
+        """`pf` computed `chunk` at step i: it goes on prefilling (the prefilling member), or,
+        having computed all it knows, decodes from then on (its next token sampled by that step,
+        or under the seed's semantics by the next)."""
+        r = pf.request
+        self.ff.computed(r, chunk)
+        pf.done = r.num_computed_tokens
+        known = r.num_known_tokens
+        if pf.done < known:
+            assert self.prefill is None, "two members prefilling"
+            self.prefill = pf
+            return
+        r.kv_capacity = pf.blocks * self.block_size  # counted ahead: `hold` takes them at close
+        if self.ff.samples_on_prefill:
+            self._join(r, i, known - 1, r.num_output_tokens, pf.owed)
+        else:
+            self._join(r, i + 1, known, r.num_output_tokens, pf.owed)
 
     def _finish_due(self, step: int) -> None:
         """Finish the members whose last token came at `step` (just taken)."""
@@ -289,6 +406,7 @@ class DecodeRun:
         """Hand the state back to the scheduler as if every step had been scheduled one by one:
         members' requests updated, their blocks taken, the running set refreshed. Returns the
         requests still running."""
+        assert self._taken is None, "close with a step taken but not committed"
         k = len(self.step_ts)
         running: list[Request] = []
         for m in self.members:
@@ -296,18 +414,30 @@ class DecodeRun:
                 continue
             self._materialize(m, k)
             running.append(m.request)
+        if self.prefill is not None:  # the newest
+            self.owed -= self.prefill.owed
+            running.append(self.prefill.request)
         if self._num_blocks:
-            for m in self.members:
-                if not m.done and not self.ff.take_blocks(m.request, held_before=not m.owed_at_join):
-                    raise AssertionError(f"decode run: no block for {m.request.request_id!r} it was counted to hold")
+            for r in running:
+                if not self.ff.hold(r, self._held_tokens(r)):
+                    raise AssertionError(f"decode run: no block for {r.request_id!r} it was counted to hold")
         assert self.owed == 0, f"decode run closed with {self.owed} blocks owed"
         self.ff.close(running, num_steps=k, num_padding_tokens=self.num_padding_tokens)
         return running
+
+    def _held_tokens(self, r: Request) -> int:
+        """Tokens running `r` holds blocks for after the run, as stepping leaves it: its first
+        allocation, or what it has computed when that is more."""
+        computed = r.num_computed_tokens
+        return max(self.ff.first_hold(r, min(computed, r.num_prompt_tokens)), computed)
 
 
 def open_run(ff: FastForward, stop_after: MutableMapping[str, int], *, admits_arrivals: bool) -> DecodeRun:
     """A run starting from the scheduler's state when `ff` was obtained."""
     run = DecodeRun(ff, stop_after, admits_arrivals=admits_arrivals)
     for r in ff.running:
-        run._join(r, 0, r.num_computed_tokens, r.num_output_tokens)
+        if r is ff.prefilling:
+            run.prefill = _Prefill(r, r.num_computed_tokens, r.kv_capacity // ff.block_size, 0)
+        else:
+            run._join(r, 0, r.num_computed_tokens, r.num_output_tokens)
     return run

@@ -134,27 +134,33 @@ class _RunDriver:
     def advance(self) -> bool:
         """Take the next step(s); False when the run must end."""
         if self.next_arrival is not None and self.clock.ts >= self.next_arrival:
-            return self._arrival_step()
+            if not self.run.admits_arrivals:
+                return False
+            self.arrivals.hand_over(self.core, self.clock.ts)  # as the loop would (rejections happen here)
+            self.next_arrival = self.arrivals.next_ts()
+            return self._planned_step()
+        if self.run.needs_planning():
+            return self._planned_step()
         return self._segment()
 
-    def _arrival_step(self) -> bool:
-        if not self.run.admits_arrivals:
-            return False
+    def _planned_step(self) -> bool:
+        """One step planned whole (`DecodeRun.plan_step`): admissions, a prefill chunk."""
         start = self.clock.ts
-        self.arrivals.hand_over(self.core, start)  # as the loop would (rejections happen here)
-        self.next_arrival = self.arrivals.next_ts()
-        planned = self.run.admit_step(start)
+        planned = self.run.plan_step(start)
         if planned is None:
             return False
-        shape, used = planned
-        self.last = shape
-        self.duration = self.clock.pricer.step_time(shape)
-        end = start + self.duration
+        shape = planned.shape
+        duration = self.clock.pricer.step_time(shape)
+        end = start + duration
+        if self.cancel_ts is not None and end >= self.cancel_ts:
+            return False  # that step's results must see the cancellation: not the run's
+        self.run.take(planned, start)
+        self.last, self.duration = shape, duration
         self.clock.advance_to(end)
-        kv_usage = used / self.total_blocks
+        kv_usage = planned.used / self.total_blocks
         self.core.totals.add_step(end - start, shape.num_padding_tokens, kv_usage)  # as stepping counts it
         if self.observed:
-            sampled = shape.num_requests if self.run.ff.samples_on_prefill else shape.num_omitted_decodes
+            sampled = shape.num_omitted_decodes + sum([c.samples for c in shape.chunks])
             self.core.observe(StepRecord(shape, start, end, kv_usage, sampled))
         self.run.commit(end)
         self.taken += 1
