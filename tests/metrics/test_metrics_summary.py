@@ -167,6 +167,26 @@ def test_streaming_summary_applies_the_same_rule(make_tl: MakeTimeline) -> None:
     assert folded.summary(time_unit="tick")["mean_e2el_ticks"] == 5.0
 
 
+@given(
+    counts=st.lists(st.lists(st.sampled_from([1, 1, 1, 3]), min_size=1, max_size=6), min_size=1, max_size=6),
+    gaps=st.lists(st.floats(0.001, 10.0), min_size=36, max_size=36),
+)
+def test_streaming_summary_pools_gaps_as_summarize_does(
+    make_tl: MakeTimeline, counts: list[list[int]], gaps: list[float]
+) -> None:
+    """Single-token emissions first, then (perhaps) a speculative one: the streaming summary's
+    pooled per-emission and per-token gaps (one array while they are equal) give `summarize`'s
+    numbers, in any finishing order."""
+    tls = []
+    for i, per_request in enumerate(counts):
+        stamps = np.cumsum(gaps[6 * i : 6 * i + len(per_request)]).tolist()
+        tls.append(make_tl(f"r{i}", 0.0, tokens=stamps, counts=per_request, finished=stamps[-1]))
+    folded = StreamingSummary()
+    for tl in tls:
+        folded.add(tl)
+    assert folded.summary(time_unit="s") == summarize(tls, time_unit="s")
+
+
 def test_requeue_stats_over_preempted_requests(make_tl: MakeTimeline) -> None:
     tls = [
         make_tl("p", 0.0, scheduled=[0.0, 4.0], preempted=[1.0], tokens=[5.0], finished=5.0),
