@@ -28,23 +28,39 @@ def _reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale:
     return (weights[:, None, :] @ v).squeeze(1)
 
 
+def _caches(num_blocks: int, num_kv_heads: int, head_dim: int, head_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random key and value caches [num_blocks, BLOCK_SIZE, Hkv, d]: contiguous, or views of a
+    head-major [2, Hkv, num_blocks, BLOCK_SIZE, d] tensor, as `PagedKVCache.layer` returns them."""
+    if not head_major:
+        shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+        return torch.randn(shape), torch.randn(shape)
+    keys, values = torch.randn(2, num_kv_heads, num_blocks, BLOCK_SIZE, head_dim).permute(0, 2, 3, 1, 4)
+    return keys, values
+
+
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (4, 4), (8, 1)])
 @pytest.mark.parametrize("window", [None, 5])
-def test_decode_groups_match_per_request_attention(num_heads: int, num_kv_heads: int, window: int | None) -> None:
+@pytest.mark.parametrize("head_major", [False, True])
+@pytest.mark.parametrize("same_context", [False, True])
+def test_decode_groups_match_per_request_attention(
+    num_heads: int, num_kv_heads: int, window: int | None, head_major: bool, same_context: bool
+) -> None:
+    """Rows of different contexts (padded, masked) or all of one context (no mask without a window)."""
     rng = random.Random(num_heads * 10 + num_kv_heads)
     torch.manual_seed(0)
     head_dim, num_blocks = 8, 64
-    key_cache = torch.randn(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
-    value_cache = torch.randn(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+    key_cache, value_cache = _caches(num_blocks, num_kv_heads, head_dim, head_major)
     free = list(range(num_blocks))
     rng.shuffle(free)
     layouts = []
-    for i, start in enumerate(sorted(rng.randrange(0, 13) for _ in range(5))):  # contexts 1-13: padded rows
+    starts = [9] * 5 if same_context else sorted(rng.randrange(0, 13) for _ in range(5))  # contexts 1-13
+    for i, start in enumerate(starts):
         table = [free.pop() for _ in range(start // BLOCK_SIZE + 1)]
         layouts.append(ChunkLayout(i, 1, start, table))
     meta = build_metadata(layouts, range(len(layouts)), block_size=BLOCK_SIZE, device=torch.device("cpu"))
     meta = windowed(meta, window)
     assert meta.decode_groups, "single-token chunks form decode groups"
+    assert (meta.decode_groups[0].mask is None) == (same_context and window is None)
     q = torch.randn(len(layouts), num_heads, head_dim)
     k = torch.randn(len(layouts), num_kv_heads, head_dim)
     v = torch.randn(len(layouts), num_kv_heads, head_dim)
@@ -52,8 +68,8 @@ def test_decode_groups_match_per_request_attention(num_heads: int, num_kv_heads:
 
     out = paged_attention(q, k, v, (key_cache, value_cache), meta, scale=scale)
 
-    flat_keys = key_cache.view(-1, num_kv_heads, head_dim)
-    flat_values = value_cache.view(-1, num_kv_heads, head_dim)
+    flat_keys = key_cache.reshape(-1, num_kv_heads, head_dim)
+    flat_values = value_cache.reshape(-1, num_kv_heads, head_dim)
     for row, c in enumerate(layouts):
         first = 0 if window is None else max(0, c.start + 1 - window)
         slots = torch.tensor(chunk_slots(ChunkLayout(0, c.start + 1 - first, first, c.block_table), BLOCK_SIZE))

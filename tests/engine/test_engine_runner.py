@@ -13,6 +13,7 @@ import torch
 
 from contbatch.core.outputs import ScheduledChunk, StepResult, build_output
 from contbatch.core.status import FinishReason
+from contbatch.engine.attention import head_major
 from contbatch.engine.demo import DemoShape, write_random_checkpoint
 from contbatch.engine.kv_cache import PagedKVCache, bytes_per_block, num_blocks_for_memory
 from contbatch.engine.loader import load_checkpoint
@@ -109,6 +110,18 @@ def test_kv_memory_sizing(ckpt: Path) -> None:
     assert cache.layer(1)[0].shape == (10, 16, 2, 8)
     with pytest.raises(ValueError, match="holds no block"):
         num_blocks_for_memory(spec, per_block - 1, 16, torch.float32)
+
+
+def test_layer_caches_read_head_major_without_a_copy(ckpt: Path) -> None:
+    """Each head's slots of a layer's key or value cache are one contiguous run of the storage,
+    which paged attention reads in place (the token-order view and the head-major one agree)."""
+    spec, _ = load_checkpoint(ckpt)
+    cache = PagedKVCache(spec, 6, 4)
+    for t in cache.layer(1):
+        t.copy_(torch.randn(t.shape))
+        heads = head_major(t)
+        assert heads.data_ptr() == t.data_ptr() and heads.is_contiguous()
+        assert torch.equal(heads.transpose(0, 1), t.reshape(6 * 4, spec.num_kv_heads, spec.head_dim))
 
 
 def test_swap_moves_the_data(ckpt: Path) -> None:

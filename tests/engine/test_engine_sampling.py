@@ -60,6 +60,20 @@ def test_greedy_tokens_follow_argmax_on_ties_nan_and_inf() -> None:
     assert greedy_tokens(logits)[3] == 17 and greedy_tokens(logits)[7] == 0 and greedy_tokens(logits)[9] == 31_999
 
 
+@pytest.mark.parametrize("vocab", [1, 7, 256, 257, 1000, 32_001])
+def test_greedy_tokens_match_argmax_for_any_vocabulary_size(vocab: int) -> None:
+    """Two-pass greedy (span maxima, then the winning span) on vocabularies shorter than a span,
+    a whole number of spans and a short last span; a row's maximum or NaN in that short span."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(0, 3, (6, vocab), generator=g).float()
+    logits[1, -1] = 5.0
+    logits[2, -1] = float("nan")
+    logits[3, vocab // 2] = float("nan")
+    logits[4] = float("-inf")
+    assert greedy_tokens(logits) == logits.argmax(dim=-1).tolist()
+    assert greedy_tokens(logits[:0]) == []
+
+
 def test_top_k_one_and_tiny_top_p_are_argmax() -> None:
     logits = _logits()
     sampler = Sampler(seed=3)

@@ -8,10 +8,13 @@ num_tokens) at positions [start, start + num_tokens) of its request. Every chunk
 causally within itself and fully over its request's cached prefix [0, start), read from the
 paged cache through its block table. Single-token chunks (decodes, or the last token of a
 chunked prefill) that are adjacent in the flat batch form decode groups: one padded
-scaled-dot-product call per group, keys and values gathered block-wise once per layer, padding
-masked out; the query heads that share a KV head are folded into that head's query rows, so the
-call is plain (not grouped-query) attention. The runner puts them first and sorted by context
-length, so groups pad little.
+scaled-dot-product call per group, keys and values gathered block-wise once per layer (one
+`index_select` each, of whole blocks of one head: with `PagedKVCache`'s head-major storage each
+request's keys of one head come out as one contiguous [tokens, head_dim] run, the layout the
+attention kernel reads fastest), cut to the group's longest context, shorter rows masked (no mask
+when every row has the same context); the query heads that share a KV head are folded into that
+head's query rows, so the call is plain (not grouped-query) attention. The runner puts them first
+and sorted by context length, so groups pad little.
 
 Sliding windows: `windowed(meta, w)` is the same step for a layer whose queries see only the last
 `w` positions (the query at i attends to keys j with i - w < j <= i, transformers' rule). Its
@@ -56,7 +59,8 @@ class DecodeGroup:
     token_begin: int
     token_end: int  # single-token chunks [token_begin, token_end), one per request
     block_ids: torch.Tensor  # [B, max_blocks] long, padded with block 0
-    mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool: True = attend; None = attend to all
+    num_keys: int  # keys read per row: the gathered blocks' first num_keys positions (<= max_blocks * block_size)
+    mask: torch.Tensor | None  # [B, 1, 1, num_keys] bool: True = attend; None = attend to all
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,28 +117,27 @@ def _decode_groups(layouts: Sequence[ChunkLayout]) -> list[list[ChunkLayout]]:
 def _build_decode_group(
     group: list[ChunkLayout], block_size: int, device: torch.device, window: int | None = None
 ) -> DecodeGroup:
-    """Rows gather the blocks holding keys [first, context) (first = context - window, or 0), padded."""
+    """Rows gather the blocks holding keys [first, context) (first = context - window, or 0),
+    padded; they read the first `num_keys` gathered positions (the longest row's keys)."""
     context_lens = [c.start + 1 for c in group]
     firsts = [0 if window is None else max(0, n - window) for n in context_lens]
-    first_blocks = [f // block_size for f in firsts]
-    num_blocks = [-(-n // block_size) - fb for n, fb in zip(context_lens, first_blocks, strict=True)]
+    offsets = [f // block_size * block_size for f in firsts]  # position of each row's first gathered key
+    num_blocks = [-(-n // block_size) - o // block_size for n, o in zip(context_lens, offsets, strict=True)]
     width = max(num_blocks)
     rows = [
-        list(c.block_table[fb : fb + nb]) + [0] * (width - nb)
-        for c, fb, nb in zip(group, first_blocks, num_blocks, strict=True)
+        list(c.block_table[o // block_size : o // block_size + nb]) + [0] * (width - nb)
+        for c, o, nb in zip(group, offsets, num_blocks, strict=True)
     ]
     block_ids = torch.tensor(rows, dtype=torch.long, device=device)
+    num_keys = max(n - o for n, o in zip(context_lens, offsets, strict=True))
     mask = None
-    span = width * block_size
-    bounds = zip(firsts, first_blocks, context_lens, strict=True)
-    if any(f != fb * block_size or n != fb * block_size + span for f, fb, n in bounds):
-        offsets = torch.tensor([fb * block_size for fb in first_blocks], device=device)
-        positions = offsets[:, None] + torch.arange(span, device=device)[None, :]
+    if any(f != o or n != o + num_keys for f, o, n in zip(firsts, offsets, context_lens, strict=True)):
+        positions = torch.tensor(offsets, device=device)[:, None] + torch.arange(num_keys, device=device)[None, :]
         lo = torch.tensor(firsts, device=device)[:, None]
         hi = torch.tensor(context_lens, device=device)[:, None]
         mask = ((positions >= lo) & (positions < hi))[:, None, None, :]
     begin = group[0].token_begin
-    return DecodeGroup(begin, begin + len(group), block_ids, mask)
+    return DecodeGroup(begin, begin + len(group), block_ids, num_keys, mask)
 
 
 def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device, window: int | None = None) -> PrefillChunk:
@@ -199,10 +202,29 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """A key or value cache [num_blocks, block_size, Hkv, d] as [Hkv, num_blocks * block_size, d]:
+    a view of `PagedKVCache`'s head-major storage (a copy of any other layout: right, but slow)."""
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    return cache.permute(2, 0, 1, 3).contiguous().view(num_kv_heads, num_blocks * block_size, head_dim)
+
+
+def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """The blocks `block_ids` [B, W] of a cache [num_blocks, block_size, Hkv, d], every head's in
+    token order: [B, Hkv, W * block_size, d], each [row, head] one contiguous run."""
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    rows, width = block_ids.shape
+    blocks = head_major(cache).view(num_kv_heads * num_blocks, block_size * head_dim)
+    heads = torch.arange(0, num_kv_heads * num_blocks, num_blocks, device=block_ids.device)
+    index = (heads[:, None] + block_ids.view(1, -1)).view(-1)  # head h's copy of block b: row h * num_blocks + b
+    gathered = blocks.index_select(0, index).view(num_kv_heads, rows, width * block_size, head_dim)
+    return gathered.transpose(0, 1)
+
+
 def _decode_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """Attention of one query token per row: q [B, Hq, d]; k, v [B, L, Hkv, d]; output [B, Hq, d].
+    """Attention of one query token per row: q [B, Hq, d]; k, v [B, Hkv, L, d]; output [B, Hq, d].
 
     Query head i reads KV head i // (Hq / Hkv) (transformers' `repeat_kv`), so the query heads of
     one KV head are folded into that head's query rows, [B, Hkv, Hq / Hkv, d]: plain attention
@@ -211,9 +233,9 @@ def _decode_sdpa(
     row per head (about 40 % less attention time for 32 rows of the demo model on CPU).
     """
     rows, num_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
+    num_kv_heads = k.shape[1]
     folded = q.view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(folded, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale)
     return o.reshape(rows, num_heads, head_dim)  # a view unless the kernel wrote [B, n, H, d] memory order
 
 
@@ -228,28 +250,26 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention output [T, num_heads, head_dim] for q [T, num_heads, head_dim], new k, v [T, num_kv_heads, head_dim].
 
-    Writes k, v into `cache` (key, value caches [num_blocks, block_size, num_kv_heads, head_dim]) first.
+    Writes k, v into `cache` (key, value caches [num_blocks, block_size, num_kv_heads, head_dim];
+    `PagedKVCache.layer`'s head-major views are read without a copy) first.
     """
     key_cache, value_cache = cache
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
-    flat_keys = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-    flat_values = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-    flat_keys.index_copy_(0, meta.slot_mapping, k)
-    flat_values.index_copy_(0, meta.slot_mapping, v)
+    for c, new in ((key_cache, k), (value_cache, v)):
+        c.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, new)
     out = torch.empty_like(q)
     for g in meta.decode_groups:
-        rows, width = g.block_ids.shape
-        index = g.block_ids.view(-1)
-        keys = key_cache.index_select(0, index).view(rows, width * block_size, num_kv_heads, head_dim)
-        values = value_cache.index_select(0, index).view(rows, width * block_size, num_kv_heads, head_dim)
+        keys = _gather_blocks(key_cache, g.block_ids)[:, :, : g.num_keys]
+        values = _gather_blocks(value_cache, g.block_ids)[:, :, : g.num_keys]
         out[g.token_begin : g.token_end] = _decode_sdpa(q[g.token_begin : g.token_end], keys, values, g.mask, scale)
     for p in meta.prefills:
         end = p.token_begin + p.num_tokens
         if p.context_slots is None:
-            keys, values = k[p.token_begin : end], v[p.token_begin : end]
+            keys, values = k[p.token_begin : end].transpose(0, 1), v[p.token_begin : end].transpose(0, 1)
         else:
-            keys, values = flat_keys.index_select(0, p.context_slots), flat_values.index_select(0, p.context_slots)
+            keys = head_major(key_cache).index_select(1, p.context_slots)
+            values = head_major(value_cache).index_select(1, p.context_slots)
         query = q[p.token_begin : end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, d]
-        o = _sdpa(query, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0), p.mask, scale)
+        o = _sdpa(query, keys.unsqueeze(0), values.unsqueeze(0), p.mask, scale)
         out[p.token_begin : end] = o[0].transpose(0, 1)
     return out

@@ -1,8 +1,11 @@
 """`PagedKVCache`: the device memory behind the core's KV block tables, and its host swap space.
 
-What it owns: one tensor [num_layers, 2 (key, value), num_blocks, block_size, num_kv_heads,
-head_dim]; `layer(i)` returns that layer's key and value caches, each [num_blocks, block_size,
-num_kv_heads, head_dim]. Token position p of a request whose block table is `table` lives in slot
+What it owns: one tensor, stored head-major: [num_layers, 2 (key, value), num_kv_heads,
+num_blocks, block_size, head_dim], so that one head's keys in one block are one contiguous run and
+paged attention gathers a request's keys per head as contiguous [tokens, head_dim] rows
+(`contbatch.engine.attention.head_major`). `layer(i)` returns that layer's key and value caches
+as views in token order, each [num_blocks, block_size, num_kv_heads, head_dim] (strided, not
+contiguous). Token position p of a request whose block table is `table` lives in slot
 `table[p // block_size] * block_size + p % block_size` (the core's `KVCacheManager` layout).
 
 Swapping really moves data: `swap_out(request_id, device_block_ids)` copies those blocks (all
@@ -20,6 +23,8 @@ import torch
 
 from contbatch.engine.device import resolve_device
 from contbatch.engine.spec import ModelSpec
+
+_BLOCK_DIM = 3  # the block axis of the storage [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
 
 
 def bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
@@ -58,7 +63,7 @@ class PagedKVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.device = resolve_device(device)
-        shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+        shape = (spec.num_layers, 2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
         self._kv = torch.zeros(shape, dtype=dtype, device=self.device)
         self._host: dict[str, torch.Tensor] = {}
 
@@ -81,7 +86,8 @@ class PagedKVCache:
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(key cache, value cache) of one layer, each [num_blocks, block_size, num_kv_heads, head_dim] (views)."""
-        return self._kv[index, 0], self._kv[index, 1]
+        keys, values = self._kv[index].permute(0, 2, 3, 1, 4)
+        return keys, values
 
     # -- swap ------------------------------------------------------------------------------
 
@@ -100,7 +106,7 @@ class PagedKVCache:
         if request_id in self._host:
             raise ValueError(f"request {request_id!r} is already swapped out")
         index = self._block_index(device_block_ids)
-        blocks = self._kv.index_select(2, index)
+        blocks = self._kv.index_select(_BLOCK_DIM, index)
         if self.device.type == "cpu":
             self._host[request_id] = blocks  # index_select already made a separate copy
         else:
@@ -113,12 +119,13 @@ class PagedKVCache:
         host = self._host.get(request_id)
         if host is None:
             raise ValueError(f"request {request_id!r} has no swapped-out KV to swap in")
-        if host.shape[2] != len(new_device_block_ids):
+        if host.shape[_BLOCK_DIM] != len(new_device_block_ids):
             raise ValueError(
-                f"request {request_id!r}: swapped out {host.shape[2]} blocks, swap_in got {len(new_device_block_ids)}"
+                f"request {request_id!r}: swapped out {host.shape[_BLOCK_DIM]} blocks, "
+                f"swap_in got {len(new_device_block_ids)}"
             )
         index = self._block_index(new_device_block_ids)
-        self._kv.index_copy_(2, index, host.to(self.device, non_blocking=True))
+        self._kv.index_copy_(_BLOCK_DIM, index, host.to(self.device, non_blocking=True))
         del self._host[request_id]
 
     def drop_swapped(self, request_id: str) -> bool:

@@ -1,9 +1,11 @@
 """The engine's own Llama-family decoder for inference over a flat batch: one class for every
 `model_type` of `contbatch.engine.spec.ARCHITECTURES` (their differences are `ModelSpec` fields).
 
-What it owns: the weights, in the layout the matmul prefers (pre-transposed `[in, out]` for
-`x @ W_t`, with q/k/v fused into one matrix and gate/up into another), and `forward`, which runs
-one step: flat token ids and positions in, logits out only for the rows that are sampled.
+What it owns: the weights, each matrix laid out once for the device's matmul
+(`contbatch.engine.linear.pack_weight`: oneDNN-packed on CPU, pre-transposed `[in, out]`
+elsewhere; the `*_t` fields and `lm_head_t` hold that operand), with q/k/v fused into one matrix
+and gate/up into another, and `forward`, which runs one step: flat token ids and positions in,
+logits out only for the rows that are sampled.
 
 Numerics follow transformers: RMSNorm in float32 then cast back, cos/sin computed in float32 and
 cast to the model dtype, softmax inside scaled-dot-product attention. float32 on CPU;
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from contbatch.engine.attention import AttentionMetadata, paged_attention, windowed
 from contbatch.engine.device import resolve_device
 from contbatch.engine.kv_cache import PagedKVCache
+from contbatch.engine.linear import linear, pack_weight
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
 
@@ -41,24 +44,26 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
 
 @dataclass(slots=True)
 class LayerWeights:
+    """One decoder layer's weights; each `*_t` is a `pack_weight` operand of the named shape [in -> out]."""
+
     input_norm: torch.Tensor  # [H]
-    qkv_t: torch.Tensor  # [H, q_size + 2 * kv_size]
+    qkv_t: torch.Tensor  # H -> q_size + 2 * kv_size
     qkv_bias: torch.Tensor | None
-    o_t: torch.Tensor  # [q_size, H]
+    o_t: torch.Tensor  # q_size -> H
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor  # [H]
-    gate_up_t: torch.Tensor  # [H, 2 * I]
+    gate_up_t: torch.Tensor  # H -> 2 * I
     gate_up_bias: torch.Tensor | None
-    down_t: torch.Tensor  # [I, H]
+    down_t: torch.Tensor  # I -> H
     down_bias: torch.Tensor | None
 
 
 def _fuse_t(
     weights: Mapping[str, torch.Tensor], names: list[str], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """The named [out, in] matrices concatenated along out, transposed to a contiguous [in, out]."""
+    """The named [out, in] matrices concatenated along out, as `linear`'s operand."""
     fused = torch.cat([weights[n].to(device=device, dtype=dtype) for n in names], dim=0)
-    return fused.t().contiguous()
+    return pack_weight(fused, device, dtype)
 
 
 def _fuse_bias(
@@ -94,10 +99,6 @@ def _layer(weights: Mapping[str, torch.Tensor], i: int, dtype: torch.dtype, devi
     )
 
 
-def _matmul(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x @ w_t if bias is None else torch.addmm(bias, x, w_t)
-
-
 class LlamaModel:
     """Inference-only decoder; `forward` is the only entry point (no autograd, no module hooks)."""
 
@@ -118,8 +119,16 @@ class LlamaModel:
             self.layers = [_layer(weights, i, self.dtype, self.device) for i in range(spec.num_layers)]
             self.final_norm = weights["model.norm.weight"].to(device=self.device, dtype=self.dtype)
             head = self.embed if spec.tie_word_embeddings else weights["lm_head.weight"]
-            # A contiguous transposed copy even when tied: `x @ W_t` streams the matrix faster than F.linear.
-            self.lm_head_t = head.to(device=self.device, dtype=self.dtype).t().contiguous()
+            # A separate operand even when tied: the embedding stays a plain matrix for its row lookup.
+            self.lm_head_t = pack_weight(head, self.device, self.dtype)
+            # A one-row step (a lone decode) multiplies the head, the largest matrix, as a
+            # matrix-vector product, which MKL streams from the plain [in, out] matrix at memory
+            # speed and oneDNN's packed kernel about 30 % slower: a packed head keeps that copy too.
+            self.lm_head_row_t = (
+                head.to(device=self.device, dtype=self.dtype).t().contiguous()
+                if self.lm_head_t.is_mkldnn
+                else self.lm_head_t
+            )
         self.rotary = RotaryEmbedding(spec, dtype=self.dtype, device=self.device)
         self.scale = spec.head_dim**-0.5
 
@@ -140,18 +149,18 @@ class LlamaModel:
         """Self-attention of `x` (the normalised hidden states); q and k heads are rotated in one call."""
         cos, sin = rope
         s = self.spec
-        qkv = _matmul(x, layer.qkv_t, layer.qkv_bias)
+        qkv = linear(x, layer.qkv_t, layer.qkv_bias)
         qk, v = torch.split(qkv, [s.q_size + s.kv_size, s.kv_size], dim=-1)
         qk = apply_rotary(qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim), cos, sin)
         q, k = torch.split(qk, [s.num_heads, s.num_kv_heads], dim=1)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         o = paged_attention(q, k, v, cache, meta, scale=self.scale)
-        return _matmul(o.view(-1, s.q_size), layer.o_t, layer.o_bias)
+        return linear(o.view(-1, s.q_size), layer.o_t, layer.o_bias)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        gate_up = _matmul(x, layer.gate_up_t, layer.gate_up_bias)
+        gate_up = linear(x, layer.gate_up_t, layer.gate_up_bias)
         gate, up = gate_up.chunk(2, dim=-1)
-        return _matmul(F.silu(gate) * up, layer.down_t, layer.down_bias)
+        return linear(F.silu(gate) * up, layer.down_t, layer.down_bias)
 
     @torch.inference_mode()
     def forward(
@@ -172,4 +181,8 @@ class LlamaModel:
             h = h + self._attention(self._rms_norm(h, layer.input_norm), layer, rope, m, kv_cache.layer(i))
             h = h + self._mlp(self._rms_norm(h, layer.post_norm), layer)
         h = self._rms_norm(h.index_select(0, meta.sample_indices), self.final_norm)
-        return (h @ self.lm_head_t).float()
+        return self._logits(h).float()
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [R, H] (final-normalised) times the LM head; one row through the plain matrix."""
+        return h @ self.lm_head_row_t if h.shape[0] == 1 else linear(h, self.lm_head_t)

@@ -207,12 +207,26 @@ class Sampler:
         return y.softmax(dim=-1).cumsum(dim=-1), _last_nonzero(y)
 
 
+_GREEDY_SPAN = 256  # vocabulary entries per span of `greedy_tokens`' first pass
+
+
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """The argmax of each row of `logits` [R, vocab]: the first maximum on ties, NaN counting as
-    the maximum (`torch.argmax`'s rules). `max(dim)` follows the same rules and, on CPU, reduces a
-    batch of vocabulary-sized rows 2-3x faster than `argmax` (about 0.3 ms against 0.8 ms for
-    32 x 32,000 float32 rows on 2 threads)."""
-    return logits.max(dim=-1).indices.tolist()
+    the maximum (`torch.argmax`'s rules), in two passes. A value-only maximum of every span of
+    `_GREEDY_SPAN` entries (`amax`, vectorised) finds each row's first span holding its maximum
+    (or its first NaN), then `max(dim)` with indices runs over that span only: on CPU about 5x
+    faster than `max(dim)` over whole rows, itself 2-3x faster than `argmax` (for 32 x 32,000
+    float32 rows, one thread: about 0.2 ms against 1.0 ms and 1.2 ms)."""
+    rows, vocab = logits.shape
+    full = vocab // _GREEDY_SPAN * _GREEDY_SPAN
+    maxima = logits[:, :full].reshape(rows, full // _GREEDY_SPAN, _GREEDY_SPAN).amax(dim=-1)
+    if full < vocab:
+        maxima = torch.cat((maxima, logits[:, full:].amax(dim=-1, keepdim=True)), dim=1)
+    start = maxima.max(dim=-1).indices * _GREEDY_SPAN
+    # The last span may be short: its index runs past the row are clamped to the row's last
+    # entry, copies after the original, which the first-maximum rule never picks.
+    index = (start[:, None] + torch.arange(_GREEDY_SPAN, device=logits.device)).clamp_(max=vocab - 1)
+    return (start + logits.gather(1, index).max(dim=-1).indices).tolist()
 
 
 def logprobs_of(logits: torch.Tensor, token_ids: Sequence[int], num_top: Sequence[int]) -> list[TokenLogprobs]:
