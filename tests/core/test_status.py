@@ -67,6 +67,17 @@ def test_full_lifecycle_through_request_methods() -> None:
     assert request.timeline.finish_reason is FinishReason.LENGTH
 
 
+def test_append_token_is_append_output_of_one_token() -> None:
+    one, many = Request("a", 1.0, 4, 3), Request("b", 1.0, 4, 3)
+    for ts, token_id in ((2.0, 5), (2.0, 6), (3.5, 7)):
+        one.append_token(token_id, ts)
+        many.append_output((token_id,), ts)
+    assert one.output_token_ids == many.output_token_ids == [5, 6, 7]
+    assert one.num_output_tokens == many.num_output_tokens == 3
+    assert one.timeline.token_ts == many.timeline.token_ts == [2.0, 2.0, 3.5]
+    assert one.timeline.token_counts == many.timeline.token_counts == [1, 1, 1]
+
+
 def test_finish_is_terminal() -> None:
     request = Request("r", 0.0, 4, 2)
     request.finish(FinishReason.CANCELLED, 1.0)

@@ -56,8 +56,10 @@ class SchedulerBase(ABC):
         """Apply a step's result at `now` (the step's end); return the requests it finished.
 
         O(1) per chunk. A steady decode (one token sampled at the sequence end, with no block
-        caching or service charge to keep) is `_apply_chunk`'s case inlined: the hot path, run
-        for nearly every running request every step."""
+        caching or service charge to keep) that got one token is `_apply_chunk`'s case inlined:
+        the hot path, run for nearly every running request every step. It needs no cut at the
+        output limit: a running request has room for one more token (this call finishes a
+        request the moment it is full)."""
         done: list[Request] = []
         requests = self.requests
         sampled = result.sampled_token_ids
@@ -74,15 +76,12 @@ class SchedulerBase(ABC):
                 # step generated for it reaches nobody
                 self.stats.num_unsent_tokens += len(sampled.get(rid, ()))
                 continue
-            if is_prefill or num_new != 1 or not samples or not plain:
-                self._apply_chunk(request, chunk, result, now, done)
-                continue
             token_ids = sampled.get(rid)
-            if not token_ids:
-                raise ValueError(f"step {rid!r}: the step result holds no sampled token for it")
+            if is_prefill or num_new != 1 or not samples or not plain or token_ids is None or len(token_ids) != 1:
+                self._apply_chunk(request, chunk, result, now, done)  # (it raises for a missing token)
+                continue
             request.num_computed_tokens = start + 1
-            room = request.max_output_tokens - request.num_output_tokens
-            request.append_output(tuple(token_ids[:room]) if len(token_ids) > room else tuple(token_ids), now)
+            request.append_token(token_ids[0], now)
             if request.num_output_tokens >= request.max_output_tokens:
                 self._end_at_limit(request, result, now, done)
         self._apply_executor_finishes(out, result, now, done)

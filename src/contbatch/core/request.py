@@ -184,6 +184,13 @@ class Request:
         self.num_computed_tokens += len(ts_list)
         self.timeline.record_token_run(ts_list)
 
+    def append_token(self, token_id: int, now: float) -> None:
+        """One output token at `now` (`append_output((token_id,), now)`, the decode hot path);
+        the caller knows there is room for it (a running request finishes once it is full)."""
+        self.output_token_ids.append(token_id)
+        self.num_output_tokens += 1
+        self.timeline.record_tokens(now)
+
     def append_output(self, token_ids: tuple[int, ...], now: float) -> None:
         num_tokens = len(token_ids)
         self.output_token_ids.extend(token_ids)

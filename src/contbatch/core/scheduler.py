@@ -150,7 +150,7 @@ class ContinuousScheduler(Admission):
                     budget.remaining = remaining - 1
                     chunks[rid] = _new_chunk(ScheduledChunk, (rid, start, 1, False, True))
                     continue
-                chunk: ScheduledChunk | None = ScheduledChunk(rid, start, 1, False, True)
+                chunk: ScheduledChunk | None = _new_chunk(ScheduledChunk, (rid, start, 1, False, True))
             else:
                 chunk = self._plan(request, step)
             if chunk is None:

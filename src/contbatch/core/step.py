@@ -7,9 +7,13 @@ sum of the chunks' tokens; `unschedule` refunds exactly what `add` consumed.
 
 from __future__ import annotations
 
+from functools import partial
+
 from contbatch.core.budget import TokenBudget
 from contbatch.core.outputs import BlockDelta, NewRequestData, ScheduledChunk, SchedulerOutput, build_output
 from contbatch.core.request import Request
+
+_as_block_delta = partial(tuple.__new__, BlockDelta)  # BlockDelta(*d) without its Python-level __new__
 
 
 class StepBuilder:
@@ -64,7 +68,7 @@ class StepBuilder:
             swapped_out=tuple(self.swapped_out),
             swapped_in=tuple(self.swapped_in),
             new_requests=tuple(new_request_data(r) for r in self.new_requests),
-            block_deltas=tuple(BlockDelta(*d) for d in block_deltas),
+            block_deltas=tuple(map(_as_block_delta, block_deltas)),
         )
 
 

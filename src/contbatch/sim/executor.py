@@ -63,22 +63,33 @@ def sample_counting_down(
     """A step's result without a model: every sampling chunk yields `token_id`s, one for a
     prefill chunk or a one-token decode, `decode_tokens(chunk)` for a decode chunk with drafts
     (called in chunk order); a request with a countdown gets at most what it has left, and STOP
-    when that reaches 0. (`decode_tokens` of a one-token decode must be 1: it is not called.)"""
-    sampled: dict[str, tuple[int, ...]] = {}
-    finished: dict[str, FinishReason] = {}
+    when that reaches 0. (`decode_tokens` of a one-token decode must be 1: it is not called.)
+    Both mappings list their requests in chunk order.
+
+    Cost: two comprehensions over the chunks, then Python work only for the decodes with drafts
+    and the requests with a countdown (none in most steps)."""
+    chunks = out.chunks
     one = (token_id,)  # shared by every one-token sample (tuples are immutable)
-    get_countdown = countdowns.get
-    for chunk in out.chunks:
-        rid, _, num_new, is_prefill, samples = chunk
-        if not samples:
-            continue
-        num_tokens = 1 if is_prefill or num_new == 1 else decode_tokens(chunk)
-        remaining = get_countdown(rid)
-        if remaining is not None:
-            num_tokens = min(num_tokens, remaining)
-            countdowns[rid] = remaining - num_tokens
-            if remaining == num_tokens:
-                finished[rid] = FinishReason.STOP
-        sampled[rid] = one if num_tokens == 1 else one * num_tokens
+    # (a chunk is (request id, start, num_new_tokens, is_prefill, samples))
+    sampled: dict[str, tuple[int, ...]] = dict.fromkeys([c[0] for c in chunks if c[4]], one)
+    for chunk in [c for c in chunks if c[4] and c[2] != 1 and not c[3]]:  # decodes with drafts
+        sampled[chunk[0]] = one * decode_tokens(chunk)
+    finished = _count_down(sampled, countdowns, one) if countdowns else {}
     # handed over without a copy: nothing else holds these dicts
     return StepResult(sampled_token_ids=MappingProxyType(sampled), finished=MappingProxyType(finished))
+
+
+def _count_down(
+    sampled: dict[str, tuple[int, ...]], countdowns: MutableMapping[str, int], one: tuple[int]
+) -> dict[str, FinishReason]:
+    """Cut each sample in `sampled` to its request's countdown, in place, and count it down;
+    the requests it stops (STOP), in `sampled`'s order."""
+    finished: dict[str, FinishReason] = {}
+    for rid in [r for r in sampled if r in countdowns]:
+        remaining = countdowns[rid]
+        num_tokens = min(len(sampled[rid]), remaining)
+        countdowns[rid] = remaining - num_tokens
+        if remaining == num_tokens:
+            finished[rid] = FinishReason.STOP
+            sampled[rid] = one * num_tokens
+    return finished

@@ -110,3 +110,34 @@ def test_check_pool_detects_mismatches() -> None:
     with pytest.raises(KVInvariantError, match="unknown block 7"):
         check_pool(pool, {"a": [0, 7]}, "device")
     assert isinstance(KVInvariantError("x"), AssertionError)
+
+
+def test_take_one_comes_from_the_head() -> None:
+    pool = BlockPool(4, 1)
+    assert pool.take(1) == [0]  # nothing released yet: from the queued list
+    pool.take(2)
+    pool.release([2, 0])
+    assert pool.take(1) == [2] and pool.free_block_ids() == (0, 3)
+    assert pool.take(1) == [0] and pool.take(1) == [3]
+    with pytest.raises(ValueError, match="only 0 are free"):
+        pool.take(1)
+    check_pool(pool, {"a": [0, 1, 2, 3]}, "device")
+
+
+def test_release_after_blocks_held_once_handles_a_shared_one_in_order() -> None:
+    pool = BlockPool(4, 1, enable_prefix_caching=True)
+    a, b, c = pool.take(3)
+    pool.share(b)  # b held twice: the release's fast loop stops there
+    pool.release([a, b, c])
+    assert pool.ref_count(b) == 1 and pool.free_block_ids() == (a, c, 3)  # the first freed at the head
+    check_pool(pool, {"x": [b]}, "device")
+
+
+def test_release_failing_past_blocks_held_once_changes_nothing() -> None:
+    pool = BlockPool(4, 1)
+    a, b, c = pool.take(3)
+    for refused in ([a, b, 3], [a, b, a], [a, c, c, b]):
+        with pytest.raises(ValueError, match="no holder"):
+            pool.release(refused)
+        assert [pool.ref_count(x) for x in (a, b, c)] == [1, 1, 1] and pool.free_block_ids() == (3,)
+    check_pool(pool, {"x": [a, b, c]}, "device")

@@ -163,7 +163,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return 0, 0
         hit_ids = self._pool.match(block_hashes, len(block_hashes))
-        return len(hit_ids), sum(1 for b in hit_ids if self._pool.ref_count(b) == 0)
+        return len(hit_ids), self._pool.count_free(hit_ids)
 
     def is_swapped(self, request_id: str) -> bool:
         return request_id in self._host_tables

@@ -148,14 +148,19 @@ class BlockPool:
 
         The caller checks `num_free_blocks` first; asking for more is a bug (ValueError).
         """
-        num_free = self.num_free_blocks
-        if num_blocks > num_free:
-            raise ValueError(f"cannot take {num_blocks} blocks: only {num_free} are free")
+        fresh = self._fresh
+        if num_blocks == 1 and fresh:  # the commonest case: a decode growing into its next block
+            block_id = fresh.pop()
+            self._ref_counts[block_id] = 1
+            return [block_id]
+        if num_blocks > len(fresh):  # (else every block comes from `_fresh`: enough are free)
+            num_free = self.num_free_blocks
+            if num_blocks > num_free:
+                raise ValueError(f"cannot take {num_blocks} blocks: only {num_free} are free")
+            if not fresh:
+                return self._take_queued(num_blocks)
         if num_blocks <= 0:
             return []
-        fresh = self._fresh
-        if not fresh:
-            return self._take_queued(num_blocks)
         num_fresh = min(num_blocks, len(fresh))
         block_ids = fresh[-num_fresh:]
         block_ids.reverse()
@@ -220,9 +225,10 @@ class BlockPool:
         ids = block_ids if type(block_ids) is list else list(block_ids)
         ref_counts = self._ref_counts
         # The common case: blocks with this one holder each (none repeated) go free, in order.
-        for i, block_id in enumerate(ids):
+        blocks = iter(ids)
+        for block_id in blocks:
             if ref_counts[block_id] != 1:
-                self._release_from(ids, i)
+                self._release_from(ids, len(ids) - 1 - len(list(blocks)))  # (from block_id's index on)
                 return
             ref_counts[block_id] = 0
         self._enqueue(ids)
