@@ -57,22 +57,27 @@ def traces(draw: st.DrawFn) -> Trace:
     return Trace("gen", tuple(requests), "s", "hypothesis")
 
 
+def kv_configs(
+    num_blocks: st.SearchStrategy[int], admission: list[str], watermark: list[float]
+) -> st.SearchStrategy[KVConfig | None]:
+    """No KV limit, or a paged pool of `num_blocks` blocks of 1, 4 or 16 tokens."""
+    return st.one_of(
+        st.none(),
+        st.builds(
+            KVConfig,
+            block_size=st.sampled_from([1, 4, 16]),
+            num_blocks=num_blocks,
+            admission=st.sampled_from(admission),
+            preemption=st.sampled_from(["recompute", "swap"]),
+            num_host_blocks=st.sampled_from([0, 50]),
+            watermark=st.sampled_from(watermark),
+        ),
+    )
+
+
 @st.composite
 def configs(draw: st.DrawFn) -> SchedulerConfig:
-    kv = draw(
-        st.one_of(
-            st.none(),
-            st.builds(
-                KVConfig,
-                block_size=st.sampled_from([1, 4, 16]),
-                num_blocks=st.integers(30, 200),
-                admission=st.sampled_from(["reserve", "optimistic", "estimate"]),
-                preemption=st.sampled_from(["recompute", "swap"]),
-                num_host_blocks=st.sampled_from([0, 50]),
-                watermark=st.sampled_from([0.0, 0.01]),
-            ),
-        )
-    )
+    kv = draw(kv_configs(st.integers(30, 200), ["reserve", "optimistic", "estimate"], [0.0, 0.01]))
     return SchedulerConfig(
         max_num_batched_tokens=draw(st.sampled_from([16, 64, 512])),
         sample_on_prefill=draw(st.sampled_from([True, True, False])),  # False: the seed's semantics
@@ -309,20 +314,7 @@ def saturating(draw: st.DrawFn) -> tuple[Trace, SchedulerConfig]:
         )
         for i in range(draw(st.integers(2, 24)))
     ]
-    kv = draw(
-        st.one_of(
-            st.none(),
-            st.builds(
-                KVConfig,
-                block_size=st.sampled_from([1, 4, 16]),
-                num_blocks=st.integers(40, 400),
-                admission=st.sampled_from(["optimistic", "optimistic", "reserve"]),
-                preemption=st.sampled_from(["recompute", "swap"]),
-                num_host_blocks=st.sampled_from([0, 50]),
-                watermark=st.sampled_from([0.0, 0.01, 0.1]),
-            ),
-        )
-    )
+    kv = draw(kv_configs(st.integers(40, 400), ["optimistic", "optimistic", "reserve"], [0.0, 0.01, 0.1]))
     config = SchedulerConfig(
         max_num_batched_tokens=draw(st.sampled_from([8, 32, 64, 200])),
         sample_on_prefill=draw(st.sampled_from([True, True, False])),

@@ -234,8 +234,7 @@ class DecodeRun:
         the prefilling member's next chunk, then the waiting requests admitted while they fit.
         None when it needs a decision the run does not take (a preemption, a waiting request the
         run does not admit (`FastForward.admits`), admitting when the run does not admit, an empty
-        step). Changes nothing;
-        followed by `take` and `commit`, or dropped."""
+        step). Changes nothing; followed by `take` and `commit`, or dropped."""
         ff = self.ff
         i = len(self.step_ts)
         n = self.num_decoding

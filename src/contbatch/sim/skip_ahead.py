@@ -1,8 +1,10 @@
 """Skip-ahead: the simulator takes the steps whose decisions are foregone as decode runs
 (`contbatch.sim.decode_run`), priced and timed here on the loop's virtual clock.
 
-A run goes on while it can: arrivals that fit are admitted inside it, unless clients are tracked
-(then it stops at the next arrival); it never runs through a step during which a client cancels
+A run goes on while it can: waiting requests are admitted inside it as they fit and a prefilling
+one takes its chunks (those steps planned whole, `_planned_step`), unless clients are tracked
+(then it stops at the next arrival, and does not open while requests wait); it never runs
+through a step during which a client cancels
 (that step's results must see the cancellation); it takes at most `RUN_STEPS` steps
 (`LONG_RUN_STEPS` when finished requests are kept rather than folded). Every step
 it takes is added to the loop's totals and, when the loop has observers, reported as the same
@@ -96,9 +98,10 @@ class SkipAhead:
     def run(self, scheduler: ContinuousScheduler, inspect: Inspect | None) -> None:
         """Take the coming steps as a decode run, if they are foregone, for as long as it lasts."""
         ff = scheduler.fast_forward()
-        if ff is None or self.clients.reads_slowly(ff.running):
-            return
-        run = open_run(ff, self.executor.stop_after, admits_arrivals=not self.clients.track_reads)
+        admits = not self.clients.track_reads
+        if ff is None or self.clients.reads_slowly(ff.running) or (ff.has_waiting() and not admits):
+            return  # (a run that cannot admit would end at its first step)
+        run = open_run(ff, self.executor.stop_after, admits_arrivals=admits)
         driver = _RunDriver(self, run)
         while driver.taken < self.run_steps and driver.advance():
             pass
