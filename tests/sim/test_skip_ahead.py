@@ -369,3 +369,25 @@ def test_saturated_traffic_is_taken_in_runs() -> None:
     assert skipped.busy_time == stepped.busy_time
     assert sum(len(t.scheduled_ts) for t in stepped.timelines) > len(trace), "the pool was meant to be short"
     assert len(scheduled) < stepped.num_steps / 5
+
+
+def test_runs_split_a_recomputed_request_as_the_scheduler_does() -> None:
+    """Without chunked prefill a request preempted by recompute may still be split (its prompt
+    and outputs could outgrow the budget): runs plan its chunks by the scheduler's own rule."""
+    import random
+
+    rng = random.Random(3)
+    kv = KVConfig(block_size=4, num_blocks=40)
+    config = SchedulerConfig(max_num_batched_tokens=64, chunked_prefill=False, kv=kv)
+    recomputed = 0
+    for trial in range(30):
+        rows = [
+            TraceRequest(f"r{i}", rng.random() * 2, rng.choice([10, 30, 50]), rng.randint(20, 60))
+            for i in range(rng.randint(3, 14))
+        ]
+        trace = _fits(Trace("split", tuple(sorted(rows, key=lambda r: r.arrival_ts)), "s", "test"), config)
+        stepped = simulate(trace, ContinuousScheduler(config), COSTS["unit"], skip_ahead=False)
+        skipped = simulate(trace, ContinuousScheduler(config), COSTS["unit"])
+        assert _fingerprint(skipped) == _fingerprint(stepped), trial
+        recomputed += int(stepped.scheduler_stats["num_recomputed_tokens"] > 0)  # type: ignore[operator]
+    assert recomputed > 10

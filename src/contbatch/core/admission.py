@@ -28,6 +28,11 @@ from contbatch.core.step import StepBuilder
 class Admission(SchedulerBase):
     # -- shared with the running phase -------------------------------------------------------
     def _plan(self, request: Request, step: StepBuilder) -> ScheduledChunk | None:
+        return self.plan_within(request, step.budget.remaining)
+
+    def plan_within(self, request: Request, max_tokens: int) -> ScheduledChunk | None:
+        """`request`'s next chunk in at most `max_tokens` tokens, by this scheduler's rules (its
+        client's credits, speculative tokens, when a prefill may be split)."""
         config = self.config
         spec = config.num_speculative_tokens
         room = credit_room(request, config.lifecycle)
@@ -37,7 +42,7 @@ class Admission(SchedulerBase):
             spec = min(spec, room - 1)  # a step must not overrun the client's credits
         return plan_chunk(
             request,
-            step.budget.remaining,
+            max_tokens,
             sample_on_prefill=config.sample_on_prefill,
             # recomputing after a preemption may always be split: unsplit, prompt + outputs could
             # outgrow the token budget and never run again

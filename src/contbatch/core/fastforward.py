@@ -31,12 +31,10 @@ scheduler exactly as the same steps taken one by one would have.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from contbatch.core.outputs import ScheduledChunk
-from contbatch.core.plan import plan_chunk
 from contbatch.core.request import Request
 from contbatch.core.status import FinishReason
 
@@ -124,7 +122,7 @@ class FastForward:
         # the admission phase is the caller's to take whatever it decides (else only when every
         # waiting request is admitted with its whole prompt: see the module docstring)
         self.plain_admission = _plain_admission(s)
-        self.prefilling: Request | None = None  # the running request computing its prompt (the newest)
+        self.prefilling: Request | None = None  # the newest running request, computing what it knows
         self.max_num_batched_tokens = s.config.max_num_batched_tokens
         self.samples_on_prefill = s.config.sample_on_prefill  # else a prefill's first token comes a step later
         self.bucket_padding = s.bucket_padding_for  # tokens padding a step of n tokens to its bucket
@@ -132,15 +130,7 @@ class FastForward:
         self._kv = memory.kv if memory is not None else None
         self._memory = memory
         self._seats = s._max_seqs
-        cfg = s.config
-        # a fresh request's first chunk, planned as admission plans it (`Admission._plan`: no
-        # speculative tokens or output credits here)
-        self._plan = functools.partial(
-            plan_chunk,
-            sample_on_prefill=cfg.sample_on_prefill,
-            allow_split=cfg.chunked_prefill,
-            max_prefill_tokens=cfg.max_prefill_tokens_per_request,
-        )
+        self._plan = s.plan_within  # a request's next chunk, as the scheduler plans it
 
     # -- what the caller reads -----------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -183,9 +173,9 @@ class FastForward:
         self, request: Request, *, num_running: int, budget: int, free_blocks: int, alone: bool
     ) -> tuple[ScheduledChunk, int] | None:
         """(its first chunk, the blocks it takes) when admission would admit waiting `request`
-        (one the caller `admits`) now (a seat with `num_running` running, its first chunk planned within `budget`
-        tokens, its first blocks out of `free_blocks` above the watermark, none when it would run
-        `alone`); None when it would not."""
+        (one the caller `admits`) now: a seat with `num_running` running, its first chunk planned
+        within `budget` tokens, its first blocks out of `free_blocks` above the watermark (none
+        when it would run `alone`); None when it would not."""
         if num_running >= self._seats:
             return None
         chunk = self._plan(request, budget)
