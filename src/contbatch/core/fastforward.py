@@ -130,7 +130,6 @@ class FastForward:
         self._kv = memory.kv if memory is not None else None
         self._memory = memory
         self._seats = s._max_seqs
-        self._plan = s.plan_within  # a request's next chunk, as the scheduler plans it
 
     # -- what the caller reads -----------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -153,9 +152,9 @@ class FastForward:
         return self._kv is None or not self._kv.is_swapped(request.request_id)
 
     def plan(self, request: Request, budget: int) -> ScheduledChunk | None:
-        """The next chunk of running `request` (one computing what it knows) within `budget`
-        tokens, as the scheduler plans it."""
-        return self._plan(request, budget)
+        """`request`'s next chunk within `budget` tokens, as the scheduler plans it
+        (`Admission.plan_within`: a waiting request's first chunk, or a running one's next)."""
+        return self._s.plan_within(request, budget)
 
     def computed(self, request: Request, chunk: ScheduledChunk) -> None:
         """`request` computed `chunk` (not sampling: tokens come with the caller's `emit`), as
@@ -178,7 +177,7 @@ class FastForward:
         when it would run `alone`); None when it would not."""
         if num_running >= self._seats:
             return None
-        chunk = self._plan(request, budget)
+        chunk = self.plan(request, budget)
         if chunk is None:
             return None
         memory, kv = self._memory, self._kv
