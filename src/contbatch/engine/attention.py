@@ -209,15 +209,20 @@ def head_major(cache: torch.Tensor) -> torch.Tensor:
     return cache.permute(2, 0, 1, 3).contiguous().view(num_kv_heads, num_blocks * block_size, head_dim)
 
 
-def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """The blocks `block_ids` [B, W] of a cache [num_blocks, block_size, Hkv, d], every head's in
-    token order: [B, Hkv, W * block_size, d], each [row, head] one contiguous run."""
-    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-    rows, width = block_ids.shape
-    blocks = head_major(cache).view(num_kv_heads * num_blocks, block_size * head_dim)
+def _head_block_index(block_ids: torch.Tensor, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
+    """Rows of `head_major(cache).view(Hkv * num_blocks, ...)` holding blocks `block_ids` [B, W],
+    head by head: head h's copy of block b is row h * num_blocks + b (the same for keys and values)."""
     heads = torch.arange(0, num_kv_heads * num_blocks, num_blocks, device=block_ids.device)
-    index = (heads[:, None] + block_ids.view(1, -1)).view(-1)  # head h's copy of block b: row h * num_blocks + b
-    gathered = blocks.index_select(0, index).view(num_kv_heads, rows, width * block_size, head_dim)
+    return (heads[:, None] + block_ids.view(1, -1)).view(-1)
+
+
+def _gather_blocks(cache: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
+    """The blocks `_head_block_index` names, of `rows` requests, of a cache [num_blocks,
+    block_size, Hkv, d], every head's in token order: [rows, Hkv, W * block_size, d], each [row,
+    head] one contiguous run."""
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    blocks = head_major(cache).view(num_kv_heads * num_blocks, block_size * head_dim)
+    gathered = blocks.index_select(0, index).view(num_kv_heads, rows, -1, head_dim)
     return gathered.transpose(0, 1)
 
 
@@ -259,8 +264,10 @@ def paged_attention(
         c.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, new)
     out = torch.empty_like(q)
     for g in meta.decode_groups:
-        keys = _gather_blocks(key_cache, g.block_ids)[:, :, : g.num_keys]
-        values = _gather_blocks(value_cache, g.block_ids)[:, :, : g.num_keys]
+        rows = g.block_ids.shape[0]
+        index = _head_block_index(g.block_ids, num_kv_heads, num_blocks)  # one index for keys and values
+        keys = _gather_blocks(key_cache, index, rows)[:, :, : g.num_keys]
+        values = _gather_blocks(value_cache, index, rows)[:, :, : g.num_keys]
         out[g.token_begin : g.token_end] = _decode_sdpa(q[g.token_begin : g.token_end], keys, values, g.mask, scale)
     for p in meta.prefills:
         end = p.token_begin + p.num_tokens
