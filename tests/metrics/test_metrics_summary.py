@@ -338,6 +338,25 @@ def test_the_median_of_a_sorted_sample_is_numpys_to_the_last_bit(values: list[fl
     assert (math.isnan(got) and math.isnan(expected)) or got == expected  # (0.0 == -0.0: order decides)
 
 
+@given(
+    st.lists(
+        st.one_of(st.floats(allow_nan=False), st.sampled_from([math.inf, -math.inf, math.nan, 0.0, -0.0, 1e308])),
+        min_size=1,
+        max_size=300,
+    )
+)
+def test_the_percentiles_of_a_sorted_sample_are_numpys_to_the_last_bit(values: list[float]) -> None:
+    from contbatch.metrics.stats import PERCENTILES, _sorted_percentiles
+
+    arr = np.sort(np.asarray(values, dtype=np.float64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = np.percentile(np.asarray(values, dtype=np.float64), PERCENTILES)
+        got = _sorted_percentiles(arr)
+    assert [type(g) for g in got] == [np.float64] * len(PERCENTILES)
+    for g, e in zip(got, expected, strict=True):
+        assert (math.isnan(g) and math.isnan(e)) or g == e  # (0.0 == -0.0: order decides)
+
+
 @given(ttfts=_values)
 def test_summary_ttft_percentiles_match_numpy(make_tl: MakeTimeline, ttfts: list[float]) -> None:
     tls = [make_tl(f"r{i}", 0.0, tokens=[t], finished=t) for i, t in enumerate(ttfts)]

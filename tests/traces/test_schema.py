@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contbatch.traces import Trace, TraceError, TraceRequest
 from contbatch.traces.schema import RequestValueError
@@ -144,3 +147,42 @@ def test_trace_error_formats() -> None:
     assert str(TraceError("empty file", file="t.jsonl")) == "t.jsonl: empty file"
     assert str(TraceError("unknown trace 'x'")) == "unknown trace 'x'"
     assert isinstance(row, ValueError)
+
+
+_FIELD_VALUES = {  # each field: values that pass and values the schema refuses
+    "request_id": ["r", "other", "", 3],
+    "arrival_ts": [0.0, 2.5, 7, -1.0, math.inf, True],
+    "num_prompt_tokens": [1, 40, 0, 2.0],
+    "num_output_tokens": [1, 9, 50, 0],
+    "priority": [0, -3, 1.5],
+    "tenant": [None, "t", ""],
+    "deadline_ts": [None, 3.0, 100.0, 1.0],
+    "max_output_tokens": [None, 50, 5],
+    "prefix_group": [None, "g", ""],
+    "prefix_tokens": [0, 3, 60, -1],
+    "cancel_ts": [None, 4.0, 0.5],
+    "read_rate": [None, 2.0, 0.0],
+}
+
+
+@given(st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in _FIELD_VALUES.items()}))
+def test_replace_is_dataclasses_replace(changes: dict[str, object]) -> None:
+    base = TraceRequest("r", 2.0, 40, 9, deadline_ts=10.0, prefix_group="g", prefix_tokens=3, cancel_ts=6.0)
+    try:
+        expected: object = dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    except RequestValueError as exc:
+        expected = (exc.field, exc.problem)
+    try:
+        got: object = base.replace(**changes)
+    except RequestValueError as exc:
+        got = (exc.field, exc.problem)
+    assert got == expected
+    if isinstance(got, TraceRequest):
+        assert [type(getattr(got, f.name)) for f in dataclasses.fields(got)] == [
+            type(getattr(expected, f.name)) for f in dataclasses.fields(got)
+        ]
+
+
+def test_replace_names_an_unknown_field() -> None:
+    with pytest.raises(TypeError, match="no field 'arrival'"):
+        TraceRequest("r", 0.0, 1, 1).replace(arrival=1.0)

@@ -70,7 +70,7 @@ def describe(values: Sample, scale: float = 1.0) -> dict[str, float | None]:
         spread = np.float64(math.sqrt(_exact_sum(arr, about=float(mean)) / len(arr))) if finite_mean else np.std(arr)
         low, high = np.min(arr), np.max(arr)
         raw = [mean, _sorted_median(arr), spread, low, high]
-        raw += list(np.percentile(arr, PERCENTILES, overwrite_input=True))
+        raw += _sorted_percentiles(arr)
     return {prefix: _plain(value) for prefix, value in zip(STAT_PREFIXES, raw, strict=True)}
 
 
@@ -84,6 +84,32 @@ def _sorted_median(arr: np.ndarray[Any, np.dtype[np.float64]]) -> np.float64:
         return np.float64(math.nan)
     mid = n // 2
     return np.float64(arr[mid]) if n % 2 else (arr[mid - 1] + arr[mid]) / np.float64(2.0)
+
+
+_QUANTILES = np.true_divide(PERCENTILES, 100)  # as np.percentile divides them
+
+
+def _sorted_percentiles(arr: np.ndarray[Any, np.dtype[np.float64]]) -> list[np.float64]:
+    """`np.percentile(arr, PERCENTILES)` of a sorted sample (NaN last), the same floats: numpy's
+    linear method step by step (virtual index (n - 1) q, its floor and the next index, -1 for
+    both at or past the last, numpy's two-sided lerp), without the partition and the
+    `np.unique` that imports `numpy.ma` (some 40 ms) in `np.percentile`; NaN when the sample
+    holds a NaN."""
+    n = len(arr)
+    if math.isnan(arr[-1]):
+        return [np.float64(math.nan)] * len(PERCENTILES)
+    virtual = (n - 1) * _QUANTILES
+    previous = np.floor(virtual)
+    following = previous + 1
+    past_last = virtual >= n - 1
+    previous[past_last] = following[past_last] = -1
+    before, after = previous.astype(np.intp), following.astype(np.intp)
+    gamma = virtual - before
+    low, high = arr[before], arr[after]
+    diff = high - low
+    lerp = low + diff * gamma
+    np.subtract(high, diff * (1 - gamma), out=lerp, where=gamma >= 0.5)
+    return list(lerp)
 
 
 _CHUNK = 1 << 16

@@ -8,7 +8,6 @@ file (and, for a row, the 1-based line and the field).
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import os
@@ -125,8 +124,10 @@ def check_header(header: Sequence[str], where: Where, *, allowed: Sequence[str],
 def integer_cell(cell: str) -> object:
     """The int a CSV cell spells, or the cell itself so that the schema rejects it by name."""
     if _INTEGER.fullmatch(cell):
-        with contextlib.suppress(ValueError):  # more digits than int() will convert
+        try:
             return int(cell)
+        except ValueError:  # more digits than int() will convert
+            pass
     return cell
 
 

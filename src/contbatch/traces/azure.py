@@ -18,7 +18,6 @@ Invariants of the imported trace:
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import re
 
@@ -73,7 +72,7 @@ def parse_azure_csv(text: str, label: str, *, name: str, time_unit: str, source:
     origin_ns = min((ns for _, ns, _ in rows), default=0)
     located = [
         # int / int is correctly rounded: the only float error is this one rounding.
-        (line, dataclasses.replace(request, arrival_ts=(ns - origin_ns) / _NS_PER_S))
+        (line, request.replace(arrival_ts=(ns - origin_ns) / _NS_PER_S))
         for line, ns, request in rows
     ]
     return assemble_trace(label, located, name=name, time_unit=time_unit, source=source, field_names=_FIELD_NAMES)

@@ -22,7 +22,6 @@ Rules:
 
 from __future__ import annotations
 
-import dataclasses
 from fractions import Fraction
 
 from contbatch.traces._columns import check_width, decimal_cell, locate_columns, token_cell
@@ -90,7 +89,7 @@ def parse_burstgpt_csv(text: str, label: str, *, name: str, time_unit: str, sour
     if num_rows and not rows:
         raise TraceError(f"no requests: all {num_rows} rows are failures (zero response tokens)", file=label)
     origin = min((ts for _, ts, _ in rows), default=Fraction(0))
-    located = [(line, dataclasses.replace(r, arrival_ts=float(ts - origin))) for line, ts, r in rows]
+    located = [(line, r.replace(arrival_ts=float(ts - origin))) for line, ts, r in rows]
     if source is None:
         skipped = f"{num_failed} of {num_rows} rows skipped as failures (zero response tokens)"
         source = f"file {label} (BurstGPT format); {skipped}"

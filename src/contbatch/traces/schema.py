@@ -41,11 +41,13 @@ turn it into a `TraceError` naming the file, the line and the file's own field n
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 TIME_UNITS: tuple[str, ...] = ("s", "tick")
 TICK_TIME_FIELDS: tuple[str, ...] = ("arrival_ts", "deadline_ts", "cancel_ts")
@@ -154,6 +156,18 @@ class TraceRequest:
         _check_int("num_output_tokens", self.num_output_tokens, minimum=1)
         _check_int("priority", self.priority, minimum=None)
 
+    def replace(self, **changes: Any) -> TraceRequest:
+        """``dataclasses.replace(self, **changes)``, checked the same way (the new request is
+        built by the constructor), at about half its cost: loading and rescaling a trace move
+        every request in time. TypeError for a name that is not a field."""
+        values = list(_every_field(self))
+        for name, value in changes.items():
+            index = _FIELD_INDEX.get(name)
+            if index is None:
+                raise TypeError(f"TraceRequest has no field {name!r}")
+            values[index] = value
+        return TraceRequest(*values)
+
     @property
     def output_limit(self) -> int:
         """The most output tokens the client allows: what a conservative scheduler reserves for."""
@@ -175,6 +189,10 @@ class TraceRequest:
             raise RequestValueError("prefix_tokens", problem)
         if self.prefix_tokens > 0 and self.prefix_group is None:
             raise RequestValueError("prefix_tokens", f"must be 0 without a prefix group, got {self.prefix_tokens}")
+
+
+_FIELD_INDEX = {f.name: i for i, f in enumerate(dataclasses.fields(TraceRequest))}
+_every_field = operator.attrgetter(*_FIELD_INDEX)  # a request's fields, in constructor order
 
 
 def _check_text(field: str, value: object, *, optional: bool) -> None:

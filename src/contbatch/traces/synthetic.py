@@ -297,8 +297,8 @@ def _rescaled(request: TraceRequest, factor: float) -> TraceRequest:
     def moved(ts: float | None) -> float | None:
         return None if ts is None else arrival_ts + (ts - request.arrival_ts)
 
-    return dataclasses.replace(
-        request, arrival_ts=arrival_ts, deadline_ts=moved(request.deadline_ts), cancel_ts=moved(request.cancel_ts)
+    return request.replace(
+        arrival_ts=arrival_ts, deadline_ts=moved(request.deadline_ts), cancel_ts=moved(request.cancel_ts)
     )
 
 
