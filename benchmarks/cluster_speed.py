@@ -144,8 +144,11 @@ def _run(cmd: list[str], src: Path | None) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        sys.exit(f"cluster_speed: the run failed on {'this working tree' if src is None else 'the baseline'}: {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

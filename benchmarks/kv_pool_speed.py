@@ -238,8 +238,12 @@ def _in_process(num_requests: int, scenarios: list[str], src: Path | None) -> di
         env["PYTHONPATH"] = str(src)
     cmd = [sys.executable, __file__, "--in-process", "--requests", str(num_requests),
            "--scenarios", ",".join(scenarios)]  # fmt: skip
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        where = "this working tree" if src is None else "the baseline"
+        sys.exit(f"kv_pool_speed: the scenarios failed on {where}: {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def main() -> None:
