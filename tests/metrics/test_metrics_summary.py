@@ -324,35 +324,17 @@ def test_describe_matches_numpy(values: list[float]) -> None:
     st.lists(
         st.one_of(st.floats(allow_nan=False), st.sampled_from([math.inf, -math.inf, math.nan, 0.0, -0.0, 1e308])),
         min_size=1,
-        max_size=9,
-    )
-)
-def test_the_median_of_a_sorted_sample_is_numpys_to_the_last_bit(values: list[float]) -> None:
-    from contbatch.metrics.stats import _sorted_median
-
-    arr = np.sort(np.asarray(values, dtype=np.float64))
-    with np.errstate(over="ignore", invalid="ignore"):
-        expected = np.median(np.asarray(values, dtype=np.float64))
-        got = _sorted_median(arr)
-    assert type(got) is np.float64
-    assert (math.isnan(got) and math.isnan(expected)) or got == expected  # (0.0 == -0.0: order decides)
-
-
-@given(
-    st.lists(
-        st.one_of(st.floats(allow_nan=False), st.sampled_from([math.inf, -math.inf, math.nan, 0.0, -0.0, 1e308])),
-        min_size=1,
         max_size=300,
     )
 )
-def test_the_percentiles_of_a_sorted_sample_are_numpys_to_the_last_bit(values: list[float]) -> None:
-    from contbatch.metrics.stats import PERCENTILES, _sorted_percentiles
+def test_the_median_and_percentiles_of_a_sorted_sample_are_numpys_to_the_last_bit(values: list[float]) -> None:
+    from contbatch.metrics.stats import PERCENTILES, _sorted_median, _sorted_percentiles
 
     arr = np.sort(np.asarray(values, dtype=np.float64))
     with np.errstate(over="ignore", invalid="ignore"):
-        expected = np.percentile(np.asarray(values, dtype=np.float64), PERCENTILES)
-        got = _sorted_percentiles(arr)
-    assert [type(g) for g in got] == [np.float64] * len(PERCENTILES)
+        expected = [np.median(np.asarray(values)), *np.percentile(np.asarray(values), PERCENTILES)]
+        got = [_sorted_median(arr), *_sorted_percentiles(arr)]
+    assert [type(g) for g in got] == [np.float64] * len(expected)
     for g, e in zip(got, expected, strict=True):
         assert (math.isnan(g) and math.isnan(e)) or g == e  # (0.0 == -0.0: order decides)
 
