@@ -8,15 +8,14 @@ the test process. The workload is sized so that what HTTP adds is small against 
 measured: steps of 80 ms or more, prompts of 128 to 512 tokens at 2 ms a token of prefill, and
 a fleet loaded past what it serves (48 requests at 8 a second, four running at most per
 replica), so that requests queue and their mean TTFT is about 4 s. Each hop adds a few
-milliseconds on a quiet machine and some 100 ms when two busy loops share its two cores with
-the nine processes here (measured: mean TTFT +1 % quiet, +2.6 % and +2.8 % loaded; at half
-these times, steps of 40 ms, the loaded run missed 5 % by 3 points); a request that reaches a
-replica late may miss a step boundary, which the queue absorbs, and least-outstanding decisions
-taken a little apart from the simulator's may differ, which a loaded fleet evens out. The
-replicas are shared by both routers; each run sends other prompt words (another `--seed`), so
-the second finds nothing of the first in the prefix cache. Nothing else about wall time is
-asserted: the sim backend keeps its step boundaries however loaded the machine is (a late
-launch is caught up: `PacedSimExecutor`).
+milliseconds on a quiet machine and more when two busy loops share its two cores with the nine
+processes here (measured, two busy loops: mean TTFT +0.6 % to +1.6 % in two runs; at half these
+times, steps of 40 ms at 16 req/s, one such run missed 5 % by 5 points: +9.9 %); a request that
+reaches a replica late may miss a step boundary, which the queue absorbs, and least-outstanding
+decisions taken a little apart from the simulator's may differ, which a loaded fleet evens out.
+The replicas are shared by both routers; each run sends other prompt words (another `--seed`),
+so the second finds nothing of the first in the prefix cache. Nothing else about wall time is
+asserted.
 """
 
 from __future__ import annotations

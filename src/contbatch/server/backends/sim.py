@@ -4,12 +4,11 @@ Each step sleeps for the time its cost model (`contbatch.sim.cost`, in seconds) 
 tokens leave the server exactly when a GPU server with that step time would emit them, and the
 same trace gives the same timelines as `contbatch simulate`, plus HTTP overhead.
 
-Pacing: a step starts when the driver launches it, except that a step launched after the
-previous one with no idle wait in between (`idle`, and a step with nothing to compute, end the
-device's busy period) starts when that one ended, however late the launch: the driver's own CPU
-time overlaps the device step, as with asynchronous scheduling, so neither the loop's overhead
-nor a machine too loaded to run the driver on time moves the step boundaries from where the
-simulator puts them (a late launch is caught up: its tokens leave late, the next ones on time).
+Pacing: a step starts when the driver launches it, except that a step launched right after the
+previous one (within one step time of its end, with no idle wait in between) starts when that
+one ended: the driver's own CPU time overlaps the device step, as with asynchronous scheduling,
+so the loop's overhead does not accumulate and the step boundaries stay where the simulator
+puts them.
 
 Tokens: prompts are counted, not really tokenized. The rule: the text is split on whitespace,
 and each word counts ceil(UTF-8 bytes / 4) tokens (one token per started 4 bytes: "the" is 1,
@@ -129,10 +128,12 @@ class PacedSimExecutor:
     def execute(self, out: SchedulerOutput) -> StepResult:
         self._apply(out)
         if not out.chunks:
-            self._prev_end = None  # bookkeeping only: no time, the device idles
-            return StepResult()
+            return StepResult()  # bookkeeping only: no time
+        duration = self.cost.step_time(out)
+        now = self._clock()
         prev = self._prev_end
-        end = (self._clock() if prev is None else prev) + self.cost.step_time(out)
+        start = prev if prev is not None and 0.0 <= now - prev < duration else now
+        end = start + duration
         while (left := end - self._clock()) > 0:
             self._sleep(left)
         self._prev_end = end
