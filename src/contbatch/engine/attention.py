@@ -9,8 +9,9 @@ causally within itself and fully over its request's cached prefix [0, start), re
 paged cache through its block table. Single-token chunks (decodes, or the last token of a
 chunked prefill) that are adjacent in the flat batch form decode groups: one padded
 scaled-dot-product call per group, keys and values gathered block-wise once per layer (one
-`index_select` each, of whole blocks of one head: with `PagedKVCache`'s head-major storage each
-request's keys of one head come out as one contiguous [tokens, head_dim] run, the layout the
+`index_select` each, of whole blocks of one head, by an index computed once per step:
+`DecodeGroup.gather_index`; with `PagedKVCache`'s head-major storage each request's keys of one
+head come out as one contiguous [tokens, head_dim] run, the layout the
 attention kernel reads fastest), cut to the group's longest context, shorter rows masked (no mask
 when every row has the same context); the query heads that share a KV head are folded into that
 head's query rows, so the call is plain (not grouped-query) attention. The runner puts them first
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,17 @@ class DecodeGroup:
     block_ids: torch.Tensor  # [B, max_blocks] long, padded with block 0
     num_keys: int  # keys read per row: the gathered blocks' first num_keys positions (<= max_blocks * block_size)
     mask: torch.Tensor | None  # [B, 1, 1, num_keys] bool: True = attend; None = attend to all
+    # (num_kv_heads, num_blocks) of a cache -> `_head_block_index` of block_ids for it: a function
+    # of the step alone, so every layer after the first reads the one the first computed
+    _gather_index: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def gather_index(self, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
+        """`_head_block_index(self.block_ids, num_kv_heads, num_blocks)`, computed once per step."""
+        key = (num_kv_heads, num_blocks)
+        index = self._gather_index.get(key)
+        if index is None:
+            index = self._gather_index[key] = _head_block_index(self.block_ids, num_kv_heads, num_blocks)
+        return index
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +277,7 @@ def paged_attention(
     out = torch.empty_like(q)
     for g in meta.decode_groups:
         rows = g.block_ids.shape[0]
-        index = _head_block_index(g.block_ids, num_kv_heads, num_blocks)  # one index for keys and values
+        index = g.gather_index(num_kv_heads, num_blocks)  # one index for keys and values, and every layer
         keys = _gather_blocks(key_cache, index, rows)[:, :, : g.num_keys]
         values = _gather_blocks(value_cache, index, rows)[:, :, : g.num_keys]
         out[g.token_begin : g.token_end] = _decode_sdpa(q[g.token_begin : g.token_end], keys, values, g.mask, scale)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from contbatch.engine.attention import AttentionMetadata, paged_attention, windowed
 from contbatch.engine.device import resolve_device
+from contbatch.engine.host_memory import retain_freed_memory
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.linear import linear, pack_weight
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
@@ -114,6 +115,8 @@ class LlamaModel:
         self.spec = spec
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        if self.device.type == "cpu":
+            retain_freed_memory()  # a step's large temporaries reuse memory instead of faulting pages in
         with torch.no_grad():
             self.embed = weights["model.embed_tokens.weight"].to(device=self.device, dtype=self.dtype)
             self.layers = [_layer(weights, i, self.dtype, self.device) for i in range(spec.num_layers)]
@@ -134,8 +137,12 @@ class LlamaModel:
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm: normalised in float32, cast back, then scaled by `weight`
-        (`F.rms_norm` without a weight gives the same bits as its pow / mean / rsqrt / mul)."""
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_norm_eps)
+        (`F.rms_norm` without a weight gives the same bits as its pow / mean / rsqrt / mul; with a
+        float32 weight on float32 x on CPU, its fused scaling is the same rounded product, in one pass)."""
+        eps = self.spec.rms_norm_eps
+        if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu":
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
+        h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
         return weight * h.to(x.dtype)
 
     def _attention(
@@ -158,9 +165,11 @@ class LlamaModel:
         return linear(o.view(-1, s.q_size), layer.o_t, layer.o_bias)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        """down(silu(gate) * up); the product is written over silu's output (the same bits, one
+        large temporary fewer: a fresh [T, I] buffer costs page faults at prefill sizes)."""
         gate_up = linear(x, layer.gate_up_t, layer.gate_up_bias)
         gate, up = gate_up.chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, layer.down_t, layer.down_bias)
+        return linear(F.silu(gate).mul_(up), layer.down_t, layer.down_bias)
 
     @torch.inference_mode()
     def forward(
@@ -172,14 +181,14 @@ class LlamaModel:
         """
         if input_ids.shape != positions.shape or input_ids.shape[0] != meta.num_tokens:
             raise ValueError(f"input_ids {tuple(input_ids.shape)} / positions / metadata disagree on the token count")
-        h = self.embed.index_select(0, input_ids)
+        h = self.embed.index_select(0, input_ids)  # a new tensor: the residual stream is updated in place
         rope = self.rotary.cos_sin(positions, meta.layouts)
         windows = self.spec.layer_windows or (None,) * len(self.layers)
         metas = {w: windowed(meta, w) for w in set(windows)}
         for i, layer in enumerate(self.layers):
             m = metas[windows[i]]
-            h = h + self._attention(self._rms_norm(h, layer.input_norm), layer, rope, m, kv_cache.layer(i))
-            h = h + self._mlp(self._rms_norm(h, layer.post_norm), layer)
+            h += self._attention(self._rms_norm(h, layer.input_norm), layer, rope, m, kv_cache.layer(i))
+            h += self._mlp(self._rms_norm(h, layer.post_norm), layer)
         h = self._rms_norm(h.index_select(0, meta.sample_indices), self.final_norm)
         return self._logits(h).float()
 

@@ -199,5 +199,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim] rotated by cos/sin [T, head_dim] (transformers' rotate-half convention)."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+    """x [T, heads, head_dim] rotated by cos/sin [T, head_dim] (transformers' rotate-half convention).
+
+    The same bits as transformers' `x * cos + rotate_half(x) * sin`, in half the memory passes:
+    cos and sin repeat their first half (`RotaryEmbedding` concatenates the frequencies with
+    themselves), so with halves x1, x2 and c, s the output's halves are x1 * c - x2 * s and
+    x2 * c + x1 * s, each product rounded before the sum as there (a + (-b) is a - b exactly).
+    Written into one new tensor, without the concatenated, negated copy of x.
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :half], sin[:, None, :half]
+    out = torch.empty_like(x)
+    first, second = out[..., :half], out[..., half:]
+    torch.mul(x1, c, out=first)
+    first.sub_(x2 * s)
+    torch.mul(x2, c, out=second)
+    second.add_(x1 * s)
+    return out
