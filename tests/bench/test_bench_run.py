@@ -165,7 +165,10 @@ def test_trace_cancel_times_disconnect_the_client(
 
 
 def test_overload_shows_as_rejected_requests(capsys: pytest.CaptureFixture[str], make_server: Any) -> None:
-    server = make_server(cost="affine:base_ms=10", overrides={"max_num_seqs": 2, "lifecycle": {"max_waiting": 2}})
+    # steps of 100 ms: two seats serve a request every 300 ms, so the 20 requests, sent at once,
+    # overrun the queue even when a loaded machine sends them slowly (at 10 ms steps a client
+    # taking 30 ms a request kept up with the server: 7 rejections in one loaded run)
+    server = make_server(cost="affine:base_ms=100", overrides={"max_num_seqs": 2, "lifecycle": {"max_waiting": 2}})
     code = main(
         [
             "bench",
