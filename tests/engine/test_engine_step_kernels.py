@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from contbatch.engine.attention import ChunkLayout, _head_block_index, build_metadata
 from contbatch.engine.host_memory import retain_freed_memory
-from contbatch.engine.rope import apply_rotary, rotate_half
+from contbatch.engine.rope import apply_rotary
 
 
 def _cos_sin(num_tokens: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -19,6 +19,12 @@ def _cos_sin(num_tokens: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor
     freqs = torch.arange(num_tokens).float()[:, None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' rotate_half: the reference `apply_rotary` is held to."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def test_apply_rotary_matches_rotate_half_bitwise() -> None:

@@ -8,6 +8,7 @@ must respect."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -374,8 +375,6 @@ def test_saturated_traffic_is_taken_in_runs() -> None:
 def test_runs_split_a_recomputed_request_as_the_scheduler_does() -> None:
     """Without chunked prefill a request preempted by recompute may still be split (its prompt
     and outputs could outgrow the budget): runs plan its chunks by the scheduler's own rule."""
-    import random
-
     rng = random.Random(3)
     kv = KVConfig(block_size=4, num_blocks=40)
     config = SchedulerConfig(max_num_batched_tokens=64, chunked_prefill=False, kv=kv)

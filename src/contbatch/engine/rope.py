@@ -193,11 +193,6 @@ class RotaryEmbedding:
         return cached
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, heads, head_dim] rotated by cos/sin [T, head_dim] (transformers' rotate-half convention).
 
