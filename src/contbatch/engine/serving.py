@@ -12,6 +12,7 @@ No asyncio here: the server wraps this in its own threads.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from contbatch.core.config import SchedulerConfig
@@ -59,7 +60,18 @@ def make_server_backend(
     dtype: str | None = None,
 ) -> EngineBackend:
     """Load `model` (a local checkpoint directory; None: the demo model) and size the scheduler's
-    KV config to the runner's cache (block count, block size) and its max model length."""
+    KV config to the runner's cache (block count, block size) and its max model length.
+
+    The load runs in a thread of its own that ends with it, so the OpenMP threads its tensor
+    operations start end too. Left in the calling thread, they would make the server's process
+    hold two OpenMP teams (the caller's and the driver thread's, which steps the engine): libgomp
+    then counts more of its threads than CPUs and cuts every waiting thread's spin to about 100
+    turns, so the driver's workers sleep and are woken between nearly every two operations of a
+    step (some 100 context switches a step; steps 30-50 % slower on 2 cores).
+    """
     block_size = config.kv.block_size if config.kv is not None else 16
-    loaded = load_model(model, kv_cache_memory=kv_cache_memory, block_size=block_size, device=device, dtype=dtype)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="contbatch-load") as loader:
+        loaded = loader.submit(
+            load_model, model, kv_cache_memory=kv_cache_memory, block_size=block_size, device=device, dtype=dtype
+        ).result()
     return EngineBackend(loaded, fit_scheduler(config, loaded.runner), served_model_name or loaded.path.name)
