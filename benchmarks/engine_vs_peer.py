@@ -15,6 +15,10 @@ through OMP/MKL_NUM_THREADS):
   ../shared/anchors/llamacpp/build.sh makes (``--llama-server``, ``--gguf``), only when both
   exist; requests then carry ``cache_prompt: false``. Its 48 slots have 512 tokens each, so it
   runs only the workloads whose requests fit a slot.
+- ``baseline`` (with ``--baseline REV``): the ``contbatch`` server as commit REV had it (its
+  ``src`` exported by `git archive` into ``--work-dir`` and put first on the server's
+  PYTHONPATH), with the same flags: an engine change measured against the code before it, side
+  by side in one run (the peers' speed drifts with the machine between runs).
 
 Workloads (each a trace file in ``--work-dir``, sent by `contbatch bench --trace`, in this
 process, plain OpenAI requests with temperature 0 to every server alike: transformers serve
@@ -62,8 +66,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVERS = ("contbatch", "transformers", "llama.cpp")
-PEERS = ("transformers", "llama.cpp")
+SERVERS = ("contbatch", "baseline", "transformers", "llama.cpp")
+PEERS = ("baseline", "transformers", "llama.cpp")
 PEER_BLOCK = 256  # transformers serve's KV block (its default page size)
 LLAMA_SLOTS, LLAMA_CTX = 48, 24576
 LLAMA_DIR = Path(os.environ.get("ANCHOR_DIR", Path.home() / ".cache" / "contbatch-anchors" / "llamacpp"))
@@ -179,6 +183,7 @@ class Setup:
     llama_server: Path
     gguf: Path
     work: Path
+    baseline_src: Path | None = None  # the baseline commit's exported src (--baseline)
 
 
 def kv_mib_for(kv_tokens: int, bytes_per_token: int) -> int:
@@ -186,6 +191,28 @@ def kv_mib_for(kv_tokens: int, bytes_per_token: int) -> int:
     if size % 2**20:
         raise SystemExit(f"--kv-tokens {kv_tokens}: {size} bytes of KV is not a whole number of MiB; choose another")
     return size // 2**20
+
+
+def export_baseline(commit: str, work: Path) -> Path:
+    """`git archive COMMIT src` under `work`; its src directory, checked to be what a server started
+    with it on PYTHONPATH imports contbatch from. SystemExit with the reason when it cannot be."""
+    import shutil
+    import subprocess
+
+    into = work / f"baseline-{commit}"
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {commit}: git archive failed: {archive.stderr.decode().strip()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    src = into / "src"
+    probe = subprocess.run([sys.executable, "-c", "import contbatch; print(contbatch.__file__)"], text=True,
+                           capture_output=True, env={**os.environ, "PYTHONPATH": str(src)}, check=False)  # fmt: skip
+    found = Path(probe.stdout.strip()).resolve().parent if probe.returncode == 0 else None
+    if found != (src / "contbatch").resolve():
+        raise SystemExit(f"--baseline {commit}: contbatch imports from {found}, not {src / 'contbatch'}")
+    return src
 
 
 def llama_missing(setup: Setup) -> str | None:
@@ -200,7 +227,7 @@ def server_argv(name: str, setup: Setup, port: int) -> list[str]:
     from contbatch.bench.servers import contbatch_argv, transformers_serve_argv
 
     model = str(setup.model)
-    if name == "contbatch":
+    if name in ("contbatch", "baseline"):
         return contbatch_argv("serve", "--backend", "engine", "--model", model, "--served-model-name", model,
                               "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", str(setup.kv_mib),
                               "--set", f"max_num_batched_tokens={setup.budget}", port=port)  # fmt: skip
@@ -226,6 +253,8 @@ def serving(name: str, setup: Setup) -> Iterator[Any]:
     threads = str(setup.threads)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false",
            **TRANSFORMERS_OFFLINE_ENV}  # fmt: skip
+    if name == "baseline" and setup.baseline_src is not None:
+        env["PYTHONPATH"] = str(setup.baseline_src)
     log = setup.work / f"{name}.log"
     with running_server(server_argv(name, setup, port), port, env=env, log=log, start_s=300) as server:
         yield server
@@ -313,25 +342,25 @@ def one_server(name: str, setup: Setup, items: list[Workload], traces: dict[str,
 # -- results --------------------------------------------------------------------------------------
 
 
-def medians(reps: list[dict[str, Any]], server: str, workload: str) -> dict[str, float] | None:
+def medians(reps: list[dict[str, Any]], server: str, workload: str) -> dict[str, float | None] | None:
     """Per key of `KEEP`, the median over the repetitions in which `server` ran `workload`."""
     results = [rep[server][workload] for rep in reps
                if isinstance(rep.get(server, {}).get(workload), dict) and "error" not in rep[server][workload]
                and rep[server][workload].get("completed")]  # fmt: skip
     if not results:
         return None
-    out = {
+    out: dict[str, float | None] = {
         k: float(statistics.median(r[k] for r in results)) for k in KEEP if all(r.get(k) is not None for r in results)
     }
     out["reps"] = float(len(results))
     # the noise beside a cell, its worst repetition's: the least CPU the server had, the most others took
-    server = [r["server_cpus"] for r in results if r.get("server_cpus") is not None]
+    cpus = [r["server_cpus"] for r in results if r.get("server_cpus") is not None]
     others = [r["other_cpus"] for r in results if r.get("other_cpus") is not None]
-    out["server_cpus_min"], out["other_cpus_max"] = min(server, default=None), max(others, default=None)
+    out["server_cpus_min"], out["other_cpus_max"] = min(cpus, default=None), max(others, default=None)
     return out
 
 
-def ratios(ours: dict[str, float] | None, theirs: dict[str, float] | None, workload: str,
+def ratios(ours: dict[str, Any] | None, theirs: dict[str, Any] | None, workload: str,
            peer: str) -> dict[str, Any] | None:  # fmt: skip
     """ours / theirs for tokens/s and p50 TTFT, and each target's bound and whether it is met."""
     if not ours or not theirs:
@@ -374,6 +403,8 @@ def table(items: list[Workload], summary: dict[str, Any], notes: dict[str, str])
         lines.append(w.label)
         for server in SERVERS:
             m = summary["medians"][w.name].get(server)
+            if m is None and server not in notes and not summary["problems"][w.name].get(server):
+                continue  # not asked for
             if m is None:
                 why = "not run (below)" if server in notes else summary["problems"][w.name].get(server, "")
                 lines.append(f"{server:<14}{'-':>10}{'-':>12}{'-':>9}{'-':>8}{'-':>12}  {why}".rstrip())
@@ -427,7 +458,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reps", type=int, default=None, help="repetitions, servers interleaved (default 3; --quick 1)"
     )
     parser.add_argument("--quick", action="store_true", help="12/12/4 requests, short outputs: a smoke test")
-    parser.add_argument("--servers", default=",".join(SERVERS), help="a subset of " + ",".join(SERVERS))
+    default = ",".join(s for s in SERVERS if s != "baseline")
+    parser.add_argument("--servers", default=default, help=f"a subset of {default} (--baseline adds baseline)")
+    parser.add_argument("--baseline", help="a commit: also run its contbatch server (the `baseline` server)")
     parser.add_argument("--kv-tokens", type=int, default=32768, help="KV capacity of each server, in tokens")
     parser.add_argument("--token-budget", type=int, default=2048, help="tokens per step (both servers)")
     parser.add_argument("--threads", type=int, default=2)
@@ -442,9 +475,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(names) - set(SERVERS))
     if unknown or not names or args.reps < 1:
         parser.error(f"--servers: any of {', '.join(SERVERS)} (unknown: {unknown}); --reps must be >= 1")
+    if "baseline" in names and not args.baseline:
+        parser.error("--servers baseline needs --baseline COMMIT")
     if args.kv_tokens % PEER_BLOCK:
         parser.error(f"--kv-tokens must be a multiple of {PEER_BLOCK} (transformers' block)")
-    args.server_list = names
+    args.server_list = [*names, "baseline"] if args.baseline and "baseline" not in names else names
     return args
 
 
@@ -457,9 +492,6 @@ def available(args: argparse.Namespace, setup: Setup) -> tuple[list[str], dict[s
         notes["transformers"] = f"transformers serve: skipped ({why})"
     if "llama.cpp" in args.server_list and (why := llama_missing(setup)):
         notes["llama.cpp"] = why
-    for name in SERVERS:
-        if name not in args.server_list:
-            notes.setdefault(name, f"{name}: not asked for (--servers)")
     return [s for s in SERVERS if s in args.server_list and s not in notes], notes
 
 
@@ -474,8 +506,9 @@ def run(argv: list[str] | None = None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     model = ensure_demo_model()
     kv_mib = kv_mib_for(args.kv_tokens, bytes_per_block(load_spec(str(model)), 1, torch.float32))
+    baseline = export_baseline(args.baseline, args.work_dir) if args.baseline else None
     setup = Setup(model, args.kv_tokens, kv_mib, args.token_budget, args.threads, args.llama_server, args.gguf,
-                  args.work_dir)  # fmt: skip
+                  args.work_dir, baseline)  # fmt: skip
     items = workloads(args.quick)
     traces = write_traces(items, model, args.work_dir)
     names, notes = available(args, setup)
@@ -491,6 +524,8 @@ def run(argv: list[str] | None = None) -> int:
             reps[-1][name] = one_server(name, setup, items, traces, args.quick)
     summary = summarize_reps(items, reps)
     text = table(items, summary, notes)
+    if args.baseline:
+        text += f"\nbaseline: the contbatch server of commit {args.baseline}"
     print(text)
     document = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -507,6 +542,7 @@ def run(argv: list[str] | None = None) -> int:
             "llama_ctx": LLAMA_CTX,
         },
         "argv": {name: server_argv(name, setup, 0) for name in SERVERS},
+        "baseline": args.baseline,
         "notes": notes,
         "workloads": [{**w.__dict__, "rate": str(w.rate), "label": w.label, **traces[w.name]} for w in items],
         "targets": [

@@ -100,3 +100,27 @@ def test_medians_ratios_and_table(evp: ModuleType) -> None:
     assert "p50 TTFT 0.29x (target <= 0.2x: MISSED)" in text
     assert "llama-server exited with 1" in text
     assert text.count("contbatch / transformers") == 3 and "contbatch / llama.cpp" not in text
+
+
+def test_baseline_server(evp: ModuleType, tmp_path: Path) -> None:
+    """--baseline adds the `baseline` server: the same contbatch flags, the commit's src on PYTHONPATH."""
+    args = evp.parse_args(["--baseline", "HEAD", "--servers", "contbatch"])
+    assert args.server_list == ["contbatch", "baseline"]
+    with pytest.raises(SystemExit):
+        evp.parse_args(["--servers", "contbatch,baseline"])  # baseline without a commit
+    src = evp.export_baseline("HEAD", tmp_path)
+    assert (src / "contbatch" / "engine" / "serving.py").is_file()
+    setup = evp.Setup(Path("/m"), 32768, 192, 2048, 2, Path("/l"), Path("/g"), tmp_path, src)
+    assert evp.server_argv("baseline", setup, 1) == evp.server_argv("contbatch", setup, 1)
+    with pytest.raises(SystemExit, match="no-such-commit"):
+        evp.export_baseline("no-such-commit", tmp_path)
+
+
+def test_baseline_ratio_line_has_no_target(evp: ModuleType) -> None:
+    items = evp.workloads(quick=False)[:1]
+    reps = [{"contbatch": {"poisson": _result(330, 200, 70)}, "baseline": {"poisson": _result(300, 250, 75)}}]
+    summary = evp.summarize_reps(items, reps)
+    assert summary["ratios"]["poisson"]["baseline"]["output_throughput"] == pytest.approx(1.1)
+    text = evp.table(items, summary, {})
+    assert "contbatch / baseline: tok/s 1.10x; p50 TTFT 0.80x" in text
+    assert "transformers" not in text and "llama.cpp" not in text  # not asked for: no rows
