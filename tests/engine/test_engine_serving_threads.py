@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+
+from contbatch.engine.serving import in_passing_thread
 
 PROBE = """
 import os, sys, torch
@@ -44,3 +47,16 @@ def threads_left_by(load: str) -> int:
 def test_server_backend_load_leaves_no_openmp_team_behind() -> None:
     assert threads_left_by("control") >= 1  # loading in the calling thread leaves its team's workers
     assert threads_left_by("server") == 0
+
+
+def test_in_passing_thread_returns_raises_and_ends() -> None:
+    callers: list[threading.Thread] = []
+
+    def answer() -> int:
+        callers.append(threading.current_thread())
+        return 42
+
+    assert in_passing_thread(answer) == 42
+    assert callers[0] is not threading.current_thread() and not callers[0].is_alive()
+    with pytest.raises(ValueError, match="bad checkpoint"):
+        in_passing_thread(lambda: int("bad checkpoint"))

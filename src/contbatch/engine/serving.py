@@ -11,15 +11,17 @@ No asyncio here: the server wraps this in its own threads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.engine.executor import ModelExecutor
 from contbatch.engine.load import DEFAULT_KV_CACHE_MEMORY, LoadedModel, fit_scheduler, load_model
 from contbatch.engine.prompt_bound import bytes_per_token, min_tokens
 from contbatch.engine.tokenizer import Tokenizer
+
+T = TypeVar("T")
 
 
 class EngineBackend:
@@ -70,8 +72,28 @@ def make_server_backend(
     step (some 100 context switches a step; steps 30-50 % slower on 2 cores).
     """
     block_size = config.kv.block_size if config.kv is not None else 16
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="contbatch-load") as loader:
-        loaded = loader.submit(
-            load_model, model, kv_cache_memory=kv_cache_memory, block_size=block_size, device=device, dtype=dtype
-        ).result()
+    loaded = in_passing_thread(
+        lambda: load_model(model, kv_cache_memory=kv_cache_memory, block_size=block_size, device=device, dtype=dtype)
+    )
     return EngineBackend(loaded, fit_scheduler(config, loaded.runner), served_model_name or loaded.path.name)
+
+
+def in_passing_thread(call: Callable[[], T]) -> T:
+    """`call()` in a new thread that ends when it returns; its result, or its exception raised here.
+    A daemon thread: Ctrl-C in the caller's join ends the process without waiting for `call`."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller, which raises it
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="contbatch-load", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    result: T = value
+    return result
