@@ -97,7 +97,7 @@ class SchedulerBase(ABC):
         decode first advancing the computed tokens by the accepted ones, then caching its blocks;
         the service is charged when the queue order prices it."""
         if chunk.is_prefill:
-            self._advance_prefill(request, chunk)
+            self.advance_prefill(request, chunk)
         if not chunk.samples:
             return
         token_ids = result.sampled_token_ids.get(chunk.request_id)
@@ -126,7 +126,9 @@ class SchedulerBase(ABC):
         self._finish(request, FinishReason.LENGTH, now)
         done.append(request)
 
-    def _advance_prefill(self, request: Request, chunk: ScheduledChunk) -> None:
+    def advance_prefill(self, request: Request, chunk: ScheduledChunk) -> None:
+        """`request` computed prefill `chunk` (as `update` applies it; `FastForward` too): its
+        computed tokens, the recomputed ones counted, its full blocks cached for prefix reuse."""
         end = chunk.start + chunk.num_new_tokens
         if request.recompute_until > chunk.start:
             self.stats.num_recomputed_tokens += min(end, request.recompute_until) - chunk.start

@@ -160,7 +160,7 @@ class FastForward:
         """`request` computed `chunk` (not sampling: tokens come with the caller's `emit`), as
         `update` applies it: its computed tokens, and the recomputed ones counted."""
         if chunk.is_prefill:
-            self._s._advance_prefill(request, chunk)
+            self._s.advance_prefill(request, chunk)
         else:
             request.num_computed_tokens = chunk.start + chunk.num_new_tokens
 
