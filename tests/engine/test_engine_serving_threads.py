@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from contbatch.engine.serving import in_passing_thread
 
@@ -44,6 +45,7 @@ def threads_left_by(load: str) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.skipif("OpenMP" not in torch.__config__.parallel_info(), reason="torch's parallel backend is not OpenMP")
 def test_server_backend_load_leaves_no_openmp_team_behind() -> None:
     assert threads_left_by("control") >= 1  # loading in the calling thread leaves its team's workers
     assert threads_left_by("server") == 0
