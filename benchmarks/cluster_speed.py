@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
+from baseline_src import export_src, run_side
 
 TTFT_SLICE = 100_000  # requests per slice of the TTFT-over-time check
 SAME = ("steps", "completed", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_ttft_ms_by_slice")
@@ -122,12 +123,10 @@ def main() -> None:
         return
     cmd = [sys.executable, __file__, "--in-process", "--requests", str(args.requests), "--rate", str(args.rate),
            "--replicas", str(args.replicas), *(["--no-runs"] if args.no_runs else [])]  # fmt: skip
-    result = _run(cmd, None)
+    result = run_side(cmd, None, "cluster_speed")
     if args.baseline:
         with tempfile.TemporaryDirectory() as tmp:
-            export = subprocess.run(["git", "archive", args.baseline, "src"], check=True, capture_output=True)
-            subprocess.run(["tar", "-x", "-C", tmp], input=export.stdout, check=True)
-            baseline = _run(cmd, Path(tmp) / "src")
+            baseline = run_side(cmd, export_src(args.baseline, Path(tmp)), "cluster_speed")
         result["baseline"] = args.baseline
         for key in ("sim_s", "sim_cpu_s", "cpu_s", "peak_rss_mb"):
             result[f"baseline_{key}"] = baseline[key]
@@ -137,18 +136,6 @@ def main() -> None:
     for key, value in result.items():
         print(f"{key:>24}: {value}")
     Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
-
-
-def _run(cmd: list[str], src: Path | None) -> dict[str, Any]:
-    """One fresh process: on the checkout's code, or on `src` (a `src` folder) when given."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-    if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-        sys.exit(f"cluster_speed: the run failed on {'this working tree' if src is None else 'the baseline'}: {last}")
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

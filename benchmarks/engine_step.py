@@ -44,6 +44,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
+from baseline_src import export_src
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -189,12 +192,6 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 # -- driver ---------------------------------------------------------------------------------------------
 
 
-def export_baseline(commit: str, into: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], check=True, capture_output=True)
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into / "src"
-
-
 def busy_fraction(seconds: float = 1.0) -> float:
     """The fraction of the machine's CPU time spent busy over `seconds` (/proc/stat; this process sleeps)."""
 
@@ -312,7 +309,7 @@ def main() -> None:
         return
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
     with tempfile.TemporaryDirectory() as tmp:
-        srcs = {"baseline": export_baseline(args.baseline, Path(tmp)), "current": ROOT / "src"}
+        srcs = {"baseline": export_src(args.baseline, Path(tmp)), "current": ROOT / "src"}
         for rep in range(args.reps):
             order = ["baseline", "current"] if rep % 2 == 0 else ["current", "baseline"]
             for side in order:

@@ -65,6 +65,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
+from baseline_src import export_src
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("contbatch", "baseline", "transformers", "llama.cpp")
 PEERS = ("baseline", "transformers", "llama.cpp")
@@ -194,19 +197,15 @@ def kv_mib_for(kv_tokens: int, bytes_per_token: int) -> int:
 
 
 def export_baseline(commit: str, work: Path) -> Path:
-    """`git archive COMMIT src` under `work`; its src directory, checked to be what a server started
-    with it on PYTHONPATH imports contbatch from. SystemExit with the reason when it cannot be."""
+    """`export_src` of COMMIT under `work`, checked to be what a server started with it on
+    PYTHONPATH imports contbatch from. SystemExit with the reason when it cannot be."""
     import shutil
     import subprocess
 
     into = work / f"baseline-{commit}"
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=False)
-    if archive.returncode != 0:
-        raise SystemExit(f"--baseline {commit}: git archive failed: {archive.stderr.decode().strip()[:200]}")
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    src = into / "src"
+    src = export_src(commit, into)
     probe = subprocess.run([sys.executable, "-c", "import contbatch; print(contbatch.__file__)"], text=True,
                            capture_output=True, env={**os.environ, "PYTHONPATH": str(src)}, check=False)  # fmt: skip
     found = Path(probe.stdout.strip()).resolve().parent if probe.returncode == 0 else None

@@ -33,17 +33,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
+from baseline_src import export_src, run_side
 
 SCENARIOS = ("plain", "prefix", "spec", "swap", "pool")
 
@@ -233,17 +234,10 @@ def run_here(num_requests: int, scenarios: list[str]) -> dict[str, dict[str, Any
 
 
 def _in_process(num_requests: int, scenarios: list[str], src: Path | None) -> dict[str, dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
     cmd = [sys.executable, __file__, "--in-process", "--requests", str(num_requests),
            "--scenarios", ",".join(scenarios)]  # fmt: skip
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-    if done.returncode:
-        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-        where = "this working tree" if src is None else "the baseline"
-        sys.exit(f"kv_pool_speed: the scenarios failed on {where}: {last}")
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    result: dict[str, dict[str, Any]] = run_side(cmd, src, "kv_pool_speed")
+    return result
 
 
 def main() -> None:
@@ -264,14 +258,13 @@ def main() -> None:
         return
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {"ours": [], "baseline": []}
     with tempfile.TemporaryDirectory() as tmp:
-        export = subprocess.run(["git", "archive", args.baseline, "src"], check=True, capture_output=True)
-        subprocess.run(["tar", "-x", "-C", tmp], input=export.stdout, check=True)
+        exported = export_src(args.baseline, Path(tmp))
         run: Callable[[Path | None], dict[str, dict[str, Any]]] = lambda src: _in_process(  # noqa: E731
             args.requests, scenarios, src
         )
         for rep in range(args.reps):
             runs["ours"].append(run(None))
-            runs["baseline"].append(run(Path(tmp) / "src"))
+            runs["baseline"].append(run(exported))
             print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr, flush=True)
     table: dict[str, dict[str, Any]] = {}
     for name in scenarios:

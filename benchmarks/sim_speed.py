@@ -43,6 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
+from baseline_src import export_src
+
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = ROOT.parent / "shared" / "anchors" / "blis"
 DEFAULT_BLIS = Path.home() / ".cache" / "contbatch-anchors" / "blis" / "blis"
@@ -227,9 +230,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         src = None
         if args.baseline:
-            export = subprocess.run(["git", "archive", args.baseline, "src"], check=True, capture_output=True)
-            subprocess.run(["tar", "-x", "-C", tmp], input=export.stdout, check=True)
-            src = Path(tmp) / "src"
+            src = export_src(args.baseline, Path(tmp))
         _compile_bytecode(ROOT / "src", src)
         for rep in range(args.reps):
             for name in names:

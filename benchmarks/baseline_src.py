@@ -1,0 +1,37 @@
+"""What the benchmarks measured against a baseline commit share: that commit's `src` exported with
+`git archive`, and one run of a child process on either side (this checkout's code, or the
+exported `src` on PYTHONPATH) that prints its result as JSON on its last line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def export_src(commit: str, into: Path) -> Path:
+    """`git archive COMMIT src` extracted into `into`; the exported `src` directory. SystemExit
+    with git's reason when the commit cannot be exported."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {commit}: git archive failed: {archive.stderr.decode().strip()[:200]}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into / "src"
+
+
+def run_side(cmd: list[str], src: Path | None, name: str) -> Any:
+    """The JSON that `cmd` prints last, run on this checkout's code (`src` None) or on `src`;
+    SystemExit naming the side that failed and its last line of stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+        sys.exit(f"{name}: the run failed on {'this working tree' if src is None else 'the baseline'}: {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
