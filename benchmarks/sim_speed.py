@@ -11,7 +11,10 @@ Workloads (`WORKLOADS`; issue 19's table):
             arrival gaps kept), `engine` preset, streaming mode, with its peak memory;
   (c)       azure-code at 4 times its rate, roofline Llama-2-7B on A100, `engine` preset:
             saturated, KV near full, preemptions;
-  (d)       one request of 1,000,000 output tokens under the seed preset and `unit:8`.
+  (d)       one request of 1,000,000 output tokens under the seed preset and `unit:8`;
+  (a-cli)   (a) as a user runs it, and as BLIS's figure is taken: the whole `contbatch simulate`
+            process (its command line, the trace read from a JSONL file the script writes
+            first, the text report); baselines: BLIS and the command line of --baseline.
 
 Each measurement is a fresh process (so peak memory and CPU time are its own), its modules loaded
 from bytecode compiled before the first (as an installed package has it; both source trees). Reported per
@@ -98,6 +101,7 @@ class Workload:
     skip_ahead: bool = True
     streaming: bool = False
     blis_requests: int | None = None  # run in BLIS too, with this many requests
+    cli: bool = False  # run as `contbatch simulate` on the trace written to a file (the preset "a" only)
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -107,7 +111,10 @@ WORKLOADS: dict[str, Workload] = {
     "b": Workload(_azure_tiled, 1_000_000, "roofline:llama-2-7b@a100", "engine", streaming=True),
     "c": Workload(_azure_4x, 0, "roofline:llama-2-7b@a100", "engine"),
     "d": Workload(_one_long, 0, "unit:8", "seed"),
+    "a-cli": Workload(_trace_a, 10_000, "roofline:llama-2-7b@a100", "a", blis_requests=10_000, cli=True),
 }
+# `contbatch simulate` runs the preset "a" as the engine preset with these fields set
+CLI_SETTINGS = ("--preset", "engine", "--set", "max_num_seqs=128", "--set", "max_num_batched_tokens=4096")
 
 
 def run_one(name: str, size: int) -> dict[str, float]:
@@ -165,22 +172,56 @@ def _in_process(name: str, size: int, src: Path | None) -> dict[str, float]:
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def _blis(blis: Path, num_requests: int, tmp: Path) -> dict[str, float]:
+def _child(cmd: list[str], requests: int, **popen: Any) -> dict[str, float]:
+    """One run of the command `cmd`, its output discarded: its own CPU time, wall time and peak
+    RSS (`os.wait4`'s usage of that child alone). SystemExit when it cannot start or fails (then
+    with its last line of stderr)."""
     import subprocess
+    import tempfile
 
+    with tempfile.TemporaryFile() as stderr:
+        start = time.perf_counter()
+        try:
+            child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, **popen)
+        except OSError as exc:
+            raise SystemExit(f"{cmd[0]} could not start: {exc}") from None
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: Popen must not wait again)
+        if child.returncode:
+            stderr.seek(0)
+            last = (stderr.read().decode(errors="replace").strip().splitlines() or ["(no message)"])[-1]
+            raise SystemExit(f"{cmd[0]} failed (exit {child.returncode}): {last}")
+    cpu = usage.ru_utime + usage.ru_stime
+    return {"requests": requests, "cpu_s": cpu, "wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024}
+
+
+def _blis(blis: Path, num_requests: int, tmp: Path) -> dict[str, float]:
     spec = (ANCHOR / "workload_a.yaml").read_text().replace("num_requests: 10000", f"num_requests: {num_requests}")
     spec_path = tmp / f"workload_a_{num_requests}.yaml"
     spec_path.write_text(spec)
     cmd = [str(blis), "run", "--model", "meta-llama/llama-2-7b-hf", "--latency-model", "roofline",
            "--hardware", "A100-80", "--tp", "1", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
            "--num-instances", "1", "--workload-spec", str(spec_path), "--cache-signal-delay", "0"]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, cwd=blis.parent / "src")
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"requests": num_requests, "cpu_s": cpu, "wall_s": wall, "peak_rss_mb": after.ru_maxrss / 1024}
+    return _child(cmd, num_requests, cwd=blis.parent / "src")
+
+
+def _cli(w: Workload, trace_file: Path, src: Path | None) -> dict[str, float]:
+    """`contbatch simulate` on `trace_file`, from this checkout (`src` None) or from `src`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    cmd = [sys.executable, "-c", "import sys; from contbatch.cli.main import main; sys.exit(main())", "simulate",
+           "--trace", str(trace_file), "--cost", w.cost, *CLI_SETTINGS]  # fmt: skip
+    return _child(cmd, w.size, env=env)
+
+
+def _write_trace(w: Workload, tmp: Path) -> Path:
+    from contbatch.traces import write_jsonl
+
+    path = tmp / "trace.jsonl"
+    write_jsonl(w.trace(w.size), path)
+    return path
 
 
 def _fmt(value: float | None) -> str:
@@ -193,7 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
-        "--workloads", default="a,a-100k,a-no-skip,b,c,d", help="comma-separated, of " + ", ".join(WORKLOADS)
+        "--workloads", default="a,a-100k,a-no-skip,a-cli,b,c,d", help="comma-separated, of " + ", ".join(WORKLOADS)
     )
     parser.add_argument("--requests-b", type=int, default=WORKLOADS["b"].size)
     parser.add_argument("--baseline", metavar="REF", help="also run each workload on the code of this git commit")
@@ -211,6 +252,7 @@ def main() -> None:
 def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Every workload, ours and its baselines, in fresh processes; the table and the JSON. (The
     modules only this parent needs are imported here: a measured child does not pay for them.)"""
+    import functools
     import platform
     import subprocess
     import tempfile
@@ -232,14 +274,20 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if args.baseline:
             src = export_src(args.baseline, Path(tmp))
         _compile_bytecode(ROOT / "src", src)
+        trace_files: dict[str, Path] = {}
         for rep in range(args.reps):
             for name in names:
                 w = WORKLOADS[name]
                 size = args.requests_b if name == "b" else w.size
-                runs[name]["contbatch"].append(_in_process(name, size, None))
+                if w.cli:
+                    trace_files[name] = trace_files.get(name) or _write_trace(w, Path(tmp))
+                    measure = functools.partial(_cli, w, trace_files[name])
+                else:
+                    measure = functools.partial(_in_process, name, size)
+                runs[name]["contbatch"].append(measure(None))
                 if src is not None:
                     try:
-                        runs[name]["baseline"].append(_in_process(name, size, src))
+                        runs[name]["baseline"].append(measure(src))
                     except subprocess.CalledProcessError as exc:  # the old code lacks what it needs
                         print(
                             f"{name} on {args.baseline} failed: {exc.stderr.strip().splitlines()[-1:]}", file=sys.stderr
@@ -267,9 +315,10 @@ def _row(r: dict[str, list[dict[str, float]]]) -> dict[str, float | None]:
         row[f"{other}_speedup"] = statistics.median(t["cpu_s"] / o["cpu_s"] for o, t in pairs) if pairs else None
     base = r["baseline"][: len(ours)]
     pairs = list(zip(ours, base, strict=False))
-    for part in ("sim", "summary"):  # the simulation alone, the summary alone
+    for part in ("sim", "summary"):  # the simulation alone, the summary alone (not timed in a command-line run)
         key = f"{part}_s"
-        row[f"baseline_{part}_speedup"] = statistics.median(t[key] / o[key] for o, t in pairs) if pairs else None
+        timed = pairs and key in ours[0]
+        row[f"baseline_{part}_speedup"] = statistics.median(t[key] / o[key] for o, t in pairs) if timed else None
     return row
 
 

@@ -25,7 +25,6 @@ Bad flags exit 2 with one line on stderr; a run in which every request failed ex
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
@@ -180,6 +179,8 @@ def _target(args: argparse.Namespace) -> Target:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
+    import asyncio
+
     from contbatch.bench.report import (
         BenchError,
         parse_goodput,

@@ -19,11 +19,39 @@ module). It imports the bench client, the simulator and the metrics; never the e
 (`validate` reuses the metric list of `contbatch.calibrate.validate`, which loads torch).
 """
 
-from contbatch.observe.fit import FitError, FitResult, Terms
-from contbatch.observe.plan import PHASES, PlanConfig
-from contbatch.observe.probe import ObserveConfig, ObserveError, observe, resolve_target
-from contbatch.observe.record import Observation, ObservationError, ObservedRequest, ObservedRun, load_observation
-from contbatch.observe.servers import SERVER_PRESETS, ServerPreset
+from typing import TYPE_CHECKING
+
+from contbatch.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from contbatch.observe.fit import FitError, FitResult, Terms
+    from contbatch.observe.plan import PHASES, PlanConfig
+    from contbatch.observe.probe import ObserveConfig, ObserveError, observe, resolve_target
+    from contbatch.observe.record import Observation, ObservationError, ObservedRequest, ObservedRun, load_observation
+    from contbatch.observe.servers import SERVER_PRESETS, ServerPreset
+
+# every name imported on first use: the CLI's parser reads `servers` alone, without the bench
+# client (httpx) that `probe` and `record` load
+_LAZY = {
+    "FitError": "fit",
+    "FitResult": "fit",
+    "Terms": "fit",
+    "PHASES": "plan",
+    "PlanConfig": "plan",
+    "ObserveConfig": "probe",
+    "ObserveError": "probe",
+    "observe": "probe",
+    "resolve_target": "probe",
+    "Observation": "record",
+    "ObservationError": "record",
+    "ObservedRequest": "record",
+    "ObservedRun": "record",
+    "load_observation": "record",
+    "SERVER_PRESETS": "servers",
+    "ServerPreset": "servers",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "PHASES",

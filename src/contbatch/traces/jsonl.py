@@ -68,23 +68,36 @@ def _request_from_line(line: str, where: Where) -> TraceRequest:
     return build_request(values, where, ATTRIBUTE_TO_FIELD)
 
 
-def _decode_object(line: str, where: Where) -> dict[str, Any]:
-    try:
-        obj = json.loads(line, object_pairs_hook=lambda pairs: _no_repeated_keys(pairs, where))
-    except json.JSONDecodeError as exc:
-        hint = " (JSONL has no comments)" if line.lstrip().startswith(("#", "//")) else ""
-        raise where.error(f"invalid JSON: {exc.msg} at column {exc.colno}{hint}") from None
-    if not isinstance(obj, dict):
-        raise where.error(f"expected a JSON object, got {type(obj).__name__}")
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _dict_of_distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
     return obj
 
 
-def _no_repeated_keys(pairs: list[tuple[str, Any]], where: Where) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise where.error("key given twice", key)
-        obj[key] = value
+# one decoder for every line (`json.loads` with a hook builds one per call: a fifth of a load)
+_DECODER = json.JSONDecoder(object_pairs_hook=_dict_of_distinct_keys)
+
+
+def _decode_object(line: str, where: Where) -> dict[str, Any]:
+    try:
+        obj = _DECODER.decode(line)
+    except json.JSONDecodeError as exc:
+        hint = " (JSONL has no comments)" if line.lstrip().startswith(("#", "//")) else ""
+        raise where.error(f"invalid JSON: {exc.msg} at column {exc.colno}{hint}") from None
+    except _RepeatedKey as exc:
+        raise where.error("key given twice", exc.key) from None
+    if not isinstance(obj, dict):
+        raise where.error(f"expected a JSON object, got {type(obj).__name__}")
     return obj
 
 
