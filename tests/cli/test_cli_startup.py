@@ -35,10 +35,12 @@ _NOT_FOR_THE_PARSER = (
 )
 
 
-def _run(code: str, **env: str) -> str:
+def _run(code: str, *args: str, **env: str) -> str:
+    """`code`'s output in a fresh interpreter given `args` (its `sys.argv[1:]`) and `env` over an
+    environment without OPENBLAS_NUM_THREADS."""
     environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | env
     done = subprocess.run(
-        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120, env=environ
+        [sys.executable, "-c", code, *args], check=False, capture_output=True, text=True, timeout=120, env=environ
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -51,11 +53,16 @@ def test_building_the_parser_loads_no_command_s_own_modules() -> None:
     assert not bad, f"building the CLI parser loads {bad}"
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "1"), ("3", "3")])
-def test_the_command_line_runs_openblas_on_one_thread_unless_told(given: str | None, expected: str) -> None:
-    code = "import os, contbatch.cli.main; print(os.environ['OPENBLAS_NUM_THREADS'])"
+@pytest.mark.parametrize(
+    ("command", "given", "expected"),
+    [("simulate", None, "1"), ("simulate", "3", "3"), ("serve", None, None), ("run", None, None)],
+)
+def test_openblas_runs_one_thread_unless_told_or_the_command_runs_torch(
+    command: str, given: str | None, expected: str | None
+) -> None:
+    code = "import os, contbatch.cli.main; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
     env = {} if given is None else {"OPENBLAS_NUM_THREADS": given}
-    assert _run(code, **env).strip() == expected
+    assert _run(code, command, "--help", **env).strip() == str(expected)
 
 
 def test_observe_names_resolve_on_first_use_to_their_modules_objects() -> None:
