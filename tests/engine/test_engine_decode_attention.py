@@ -1,20 +1,25 @@
 """Decode attention over the paged cache equals plain attention of each request over its own keys.
 
-The decode path folds the query heads that share a KV head into that head's query rows (one plain
-scaled-dot-product call per group); these tests compare it, request by request, with attention
-computed the way transformers does (K/V heads repeated for their query heads, softmax over the
-request's keys only), for grouped-query, multi-query and multi-head shapes, with rows of different
-context lengths in one group (padding masked) and with a sliding window.
+Both decode paths: the native kernel reading each row's keys where they lie
+(`contbatch.engine.native`), and the torch path, which folds the query heads that share a KV head
+into that head's query rows (one plain scaled-dot-product call per group over the gathered,
+padded, masked blocks). These tests compare each, request by request, with attention computed the
+way transformers does (K/V heads repeated for their query heads, softmax over the request's keys
+only), for grouped-query, multi-query and multi-head shapes, with rows of different context
+lengths in one group and with a sliding window.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 
 import pytest
 import torch
 
 from contbatch.engine.attention import ChunkLayout, build_metadata, chunk_slots, paged_attention, windowed
+from contbatch.engine.native import decode_kernel
 
 BLOCK_SIZE = 4
 
@@ -38,10 +43,23 @@ def _caches(num_blocks: int, num_kv_heads: int, head_dim: int, head_major: bool)
     return keys, values
 
 
+@pytest.fixture(params=["native", "torch"])
+def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Decode rows read by the native kernel (`contbatch.engine.native`; it must be available
+    wherever a C compiler is) or by the torch path (gather, pad, mask, scaled-dot-product)."""
+    if request.param == "torch":
+        monkeypatch.setattr("contbatch.engine.attention.paged_decode", lambda *args, **kwargs: False)
+    elif decode_kernel() is None:
+        assert shutil.which(os.environ.get("CC", "cc")) is None, "a C compiler is here but the kernel is off"
+        pytest.skip("no C compiler: the native kernel is off")
+    return str(request.param)
+
+
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (4, 4), (8, 1)])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("head_major", [False, True])
 @pytest.mark.parametrize("same_context", [False, True])
+@pytest.mark.usefixtures("decode_path")
 def test_decode_groups_match_per_request_attention(
     num_heads: int, num_kv_heads: int, window: int | None, head_major: bool, same_context: bool
 ) -> None:

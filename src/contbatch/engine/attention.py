@@ -15,7 +15,10 @@ head come out as one contiguous [tokens, head_dim] run, the layout the
 attention kernel reads fastest), cut to the group's longest context, shorter rows masked (no mask
 when every row has the same context); the query heads that share a KV head are folded into that
 head's query rows, so the call is plain (not grouped-query) attention. The runner puts them first
-and sorted by context length, so groups pad little.
+and sorted by context length, so groups pad little. On the CPU in float32 the native kernel
+(`contbatch.engine.native`) reads a group's rows instead, each over its own keys where they lie
+(`DecodeGroup.key_lo`, `key_hi`): no gather, no padding, no mask; the same output to float32
+rounding. The torch path remains wherever the kernel is off.
 
 Sliding windows: `windowed(meta, w)` is the same step for a layer whose queries see only the last
 `w` positions (the query at i attends to keys j with i - w < j <= i, transformers' rule). Its
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from contbatch.engine.native import paged_decode
 
 # A decode group is split when a request needs this many times the blocks of the group's first
 # (shortest) one, bounding padding waste; below `_MIN_SPLIT_BLOCKS` extra blocks it never splits.
@@ -62,6 +67,10 @@ class DecodeGroup:
     block_ids: torch.Tensor  # [B, max_blocks] long, padded with block 0
     num_keys: int  # keys read per row: the gathered blocks' first num_keys positions (<= max_blocks * block_size)
     mask: torch.Tensor | None  # [B, 1, 1, num_keys] bool: True = attend; None = attend to all
+    # [B] long each: row b attends to the positions [key_lo[b], key_hi[b]) of its blocks block_ids[b]
+    # (the mask's True span; what the native kernel reads, `contbatch.engine.native`)
+    key_lo: torch.Tensor
+    key_hi: torch.Tensor
     # (num_kv_heads, num_blocks) of a cache -> `_head_block_index` of block_ids for it: a function
     # of the step alone, so every layer after the first reads the one the first computed
     _gather_index: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
@@ -149,7 +158,9 @@ def _build_decode_group(
         hi = torch.tensor(context_lens, device=device)[:, None]
         mask = ((positions >= lo) & (positions < hi))[:, None, None, :]
     begin = group[0].token_begin
-    return DecodeGroup(begin, begin + len(group), block_ids, num_keys, mask)
+    key_lo = torch.tensor([f - o for f, o in zip(firsts, offsets, strict=True)], device=device)
+    key_hi = torch.tensor([n - o for n, o in zip(context_lens, offsets, strict=True)], device=device)
+    return DecodeGroup(begin, begin + len(group), block_ids, num_keys, mask, key_lo, key_hi)
 
 
 def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device, window: int | None = None) -> PrefillChunk:
@@ -276,6 +287,10 @@ def paged_attention(
         c.view(num_blocks * block_size, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, new)
     out = torch.empty_like(q)
     for g in meta.decode_groups:
+        span = slice(g.token_begin, g.token_end)
+        where = {"block_ids": g.block_ids, "lo": g.key_lo, "hi": g.key_hi}
+        if paged_decode(q[span], key_cache, value_cache, **where, scale=scale, out=out[span]):
+            continue  # read in place by the native kernel
         rows = g.block_ids.shape[0]
         index = g.gather_index(num_kv_heads, num_blocks)  # one index for keys and values, and every layer
         keys = _gather_blocks(key_cache, index, rows)[:, :, : g.num_keys]
