@@ -5,7 +5,9 @@ runs one worker subprocess per side (PYTHONPATH = that side's `src`), the order 
 between repetitions, and every number reported is the median over the repetitions. A worker
 loads the demo model (30M, float32) with --threads threads and measures:
 
-- the decode-only step of B requests at context --context (B in --batches), as
+- the decode-only step of B requests at context --context (B in --batches), and (--mixed, the
+  default) of B requests whose contexts are spread over [context / 2, 2 context] (rows the torch
+  attention path pads and masks; the roofline at their mean context), as
   `engine_vs_hf.decode_step_vs_roofline` does: `ModelRunner.execute` of B single-token chunks,
   wall and process CPU time per step (the median of --steps steps after 3 warm-up steps), and
   the time inside the model's `forward` (the rest is the runner's host work: input building,
@@ -85,17 +87,25 @@ def count_params(model: Any) -> tuple[int, int]:
     return total, layers + head
 
 
-def runner_step(runner: Any, batch: int, context: int, steps: int) -> dict[str, float]:
-    """Decode-only steps of `batch` requests at `context` (engine_vs_hf's decode_step setup)."""
+def mixed_contexts(batch: int, context: int) -> list[int]:
+    """`batch` contexts spread evenly over [context / 2, 2 context] (mean 1.25 context), as a
+    server's running requests differ: rows of one step that the torch path pads and masks."""
+    low, high = context // 2, 2 * context
+    return [low + (high - low) * i // max(batch - 1, 1) for i in range(batch)]
+
+
+def runner_step(runner: Any, contexts: list[int], steps: int) -> dict[str, float]:
+    """Decode-only steps of one request at each of `contexts` (engine_vs_hf's decode_step setup)."""
     from contbatch.core.outputs import ScheduledChunk, build_output
     from contbatch.engine.runner import SequenceState
     from contbatch.engine.sampling import SamplingParams
 
     bs = runner.kv_cache.block_size
-    blocks = -(-(context + 1) // bs)
-    seqs, chunks = {}, []
-    for i in range(batch):
-        table = list(range(i * blocks, (i + 1) * blocks))
+    seqs, chunks, first_block = {}, [], 0
+    for i, context in enumerate(contexts):
+        blocks = -(-(context + 1) // bs)
+        table = list(range(first_block, first_block + blocks))
+        first_block += blocks
         seqs[f"d{i}"] = SequenceState([5] * (context + 1), table, SamplingParams(temperature=0.0))
         chunks.append(ScheduledChunk(f"d{i}", context, 1, False, True))
     out = build_output(0, chunks)
@@ -176,15 +186,16 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     peak = statistics.median(matmul_flops() for _ in range(3))
     bandwidth = statistics.median(stream_bandwidth() for _ in range(3))
     result |= {"gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}
-    for batch in args.batches:
-        row = runner_step(runner, batch, args.context, args.steps)
-        row["roofline_ms"] = roofline_ms(runner.spec, total, batch, args.context, peak=peak, bandwidth=bandwidth)
-        row["roofline_mm_ms"] = roofline_ms(
-            runner.spec, multiplied, batch, args.context, peak=peak, bandwidth=bandwidth
-        )
+    shapes = {f"decode_{b}": [args.context] * b for b in args.batches}
+    shapes |= {f"decode_{b}_mixed": mixed_contexts(b, args.context) for b in args.batches if b > 1 and args.mixed}
+    for name, contexts in shapes.items():
+        row = runner_step(runner, contexts, args.steps)
+        batch, mean = len(contexts), sum(contexts) / len(contexts)  # (the roofline is linear in the context)
+        row["roofline_ms"] = roofline_ms(runner.spec, total, batch, mean, peak=peak, bandwidth=bandwidth)
+        row["roofline_mm_ms"] = roofline_ms(runner.spec, multiplied, batch, mean, peak=peak, bandwidth=bandwidth)
         row["ratio"] = row["step_ms"] / row["roofline_ms"]
         row["ratio_mm"] = row["step_ms"] / row["roofline_mm_ms"]
-        result[f"decode_{batch}"] = row
+        result[name] = row
     result[f"engine_{args.engine_batch}"] = engine_steps(engine, args.engine_batch, args.context, args.steps, args.seed)
     return result
 
@@ -241,7 +252,7 @@ def run_worker_once(src: Path, args: argparse.Namespace) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS=str(args.threads))
     cmd = [sys.executable, __file__, "--worker", "--context", str(args.context), "--steps", str(args.steps)]
     cmd += ["--threads", str(args.threads), "--engine-batch", str(args.engine_batch), "--seed", str(args.seed)]
-    cmd += ["--batches", *map(str, args.batches)]
+    cmd += ["--batches", *map(str, args.batches), "--mixed" if args.mixed else "--no-mixed"]
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     if Path(result["source"]).resolve() != (src / "contbatch").resolve():
@@ -273,15 +284,15 @@ def report(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[
         rows.append([name, fmt.format(b), fmt.format(c), f"{b / c:.2f}x"])
         summary[name] = {"baseline": b, "current": c, "baseline_over_current": b / c}
 
-    for batch in args.batches:
-        b, c = base[f"decode_{batch}"], cur[f"decode_{batch}"]
-        add(f"decode {batch}: step ms", b["step_ms"], c["step_ms"])
-        add(f"decode {batch}: step CPU ms", b["step_cpu_ms"], c["step_cpu_ms"])
-        add(f"decode {batch}: forward ms", b["forward_ms"], c["forward_ms"])
-        add(f"decode {batch}: step / roofline", b["ratio"], c["ratio"])
-        add(f"decode {batch}: step / roofline_mm", b["ratio_mm"], c["ratio_mm"])
-        add(f"decode {batch}: roofline ms", b["roofline_ms"], c["roofline_ms"])
-        add(f"decode {batch}: host fraction", b["host_fraction"], c["host_fraction"], "{:.3f}")
+    for key in (k for k in cur if k.startswith("decode_")):
+        b, c, name = base[key], cur[key], key.removeprefix("decode_").replace("_", " ")
+        add(f"decode {name}: step ms", b["step_ms"], c["step_ms"])
+        add(f"decode {name}: step CPU ms", b["step_cpu_ms"], c["step_cpu_ms"])
+        add(f"decode {name}: forward ms", b["forward_ms"], c["forward_ms"])
+        add(f"decode {name}: step / roofline", b["ratio"], c["ratio"])
+        add(f"decode {name}: step / roofline_mm", b["ratio_mm"], c["ratio_mm"])
+        add(f"decode {name}: roofline ms", b["roofline_ms"], c["roofline_ms"])
+        add(f"decode {name}: host fraction", b["host_fraction"], c["host_fraction"], "{:.3f}")
     b, c = base[f"engine_{args.engine_batch}"], cur[f"engine_{args.engine_batch}"]
     add(f"engine {args.engine_batch}: step ms", b["step_ms"], c["step_ms"])
     add(f"engine {args.engine_batch}: host ms", b["host_ms"], c["host_ms"])
@@ -295,6 +306,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="worker runs per side (median reported)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--context", type=int, default=160)
+    parser.add_argument(
+        "--mixed", action=argparse.BooleanOptionalAction, default=True,
+        help="also each batch (> 1) with contexts spread over [context / 2, 2 context] (`mixed_contexts`)",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement (median)")
     parser.add_argument("--engine-batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
