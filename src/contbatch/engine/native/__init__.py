@@ -42,20 +42,15 @@ SOURCE = Path(__file__).with_name("paged_decode.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+# paged_decode's parameters, in order (paged_decode.c)
 _ARGTYPES: list[Any] = [
-    _PTR,
-    _I64,
-    _PTR,
-    _PTR,
-    _PTR,
-    _I64,
-    _PTR,
-    _PTR,
-    *([_I64] * 8),
-    ctypes.c_float,
-    _PTR,
-    ctypes.c_int,
-]
+    _PTR, _I64,  # q, q_stride_row
+    _PTR, _PTR, _PTR, _I64,  # key_cache, value_cache, tables, W
+    _PTR, _PTR,  # lo, hi
+    _I64, _I64, _I64, _I64, _I64,  # B, Hq, Hkv, D, bs
+    _I64, _I64, _I64,  # stride_block, stride_offset, stride_head
+    ctypes.c_float, _PTR, ctypes.c_int,  # scale, out, num_threads
+]  # fmt: skip
 
 DecodeKernel = Callable[..., int]
 
@@ -84,7 +79,7 @@ def decode_kernel() -> DecodeKernel | None:
 def _check_openmp() -> None:
     """NativeUnavailable unless torch runs on OpenMP through a libgomp already loaded here (the
     kernel's `-fopenmp` then binds to that runtime, whose threads torch's operations use)."""
-    if "OpenMP" not in torch.__config__.parallel_info().split("ATen parallel backend:", 1)[-1].split("\n", 1)[0]:
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
         raise NativeUnavailable("torch's parallel backend is not OpenMP")
     try:
         maps = Path("/proc/self/maps").read_text()
@@ -145,10 +140,9 @@ def paged_decode(
     """Write into `out` [B, Hq, d] (contiguous) the attention of q [B, Hq, d] (heads and d
     contiguous in each row) over key and value caches [num_blocks, block_size, Hkv, d] (d
     contiguous), row b over the positions [lo[b], hi[b]) of its blocks `block_ids[b]`; False,
-    leaving `out` alone, when the kernel is off or the tensors are not what it reads (not float32
-    on the CPU, or other strides)."""
+    leaving `out` alone, when the kernel is off or the tensors are not what it reads (`_readable`)."""
     kernel = decode_kernel()
-    if kernel is None or not _readable(q, key_cache, value_cache, out):
+    if kernel is None or not _readable(q, key_cache, value_cache, out, block_ids, lo, hi):
         return False
     rows, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -162,9 +156,13 @@ def paged_decode(
     return True
 
 
-def _readable(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor) -> bool:
-    tensors = (q, keys, values, out)
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+def _readable(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor, *index: torch.Tensor
+) -> bool:
+    """The tensors are laid out as `paged_decode.c` reads them (float32 and int64 on the CPU)."""
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, keys, values, out)):
+        return False
+    if any(t.device.type != "cpu" or t.dtype != torch.int64 or not t.is_contiguous() for t in index):
         return False
     head_dim = q.shape[2]
     return (

@@ -6,7 +6,8 @@
    offset p % bs; element d of head h of that slot is at
    block * stride_block + offset * stride_offset + h * stride_head + d (head_dim contiguous).
    Row b's query heads are q[b * q_stride_row + i * D + d] (heads and head_dim contiguous); out
-   is [B, Hq, D] contiguous. Every row has at least one key (lo < hi).
+   is [B, Hq, D] contiguous. Every row has at least one key (lo < hi). Returns 0, or 1 when a
+   scores buffer could not be allocated (out is then incomplete).
 
    Rows and KV heads are split over `num_threads` OpenMP threads: the process's OpenMP runtime,
    which torch has loaded, so its threads are torch's own (the loader checks that). */
@@ -21,10 +22,10 @@ static inline const float *slot(const float *cache, const int64_t *table, int64_
   return cache + table[p / bs] * stride_block + (p % bs) * stride_offset;
 }
 
-int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, const float *value_cache, const int64_t *tables,
-                 int64_t W, const int64_t *lo, const int64_t *hi, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
-                 int64_t bs, int64_t stride_block, int64_t stride_offset, int64_t stride_head, float scale,
-                 float *out, int num_threads) {
+int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, const float *value_cache,
+                 const int64_t *tables, int64_t W, const int64_t *lo, const int64_t *hi, int64_t B, int64_t Hq,
+                 int64_t Hkv, int64_t D, int64_t bs, int64_t stride_block, int64_t stride_offset,
+                 int64_t stride_head, float scale, float *out, int num_threads) {
   const int64_t G = Hq / Hkv;
   int failed = 0;
 #pragma omp parallel for schedule(static) num_threads(num_threads) reduction(| : failed)
