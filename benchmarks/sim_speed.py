@@ -174,8 +174,8 @@ def _in_process(name: str, size: int, src: Path | None) -> dict[str, float]:
 
 def _child(cmd: list[str], requests: int, **popen: Any) -> dict[str, float]:
     """One run of the command `cmd`, its output discarded: its own CPU time, wall time and peak
-    RSS (`os.wait4`'s usage of that child alone). SystemExit when it cannot start or fails (then
-    with its last line of stderr)."""
+    RSS (`os.wait4`'s usage of that child alone). SystemExit when it cannot start;
+    `CalledProcessError` (with its stderr) when it fails, as `_in_process` raises it."""
     import subprocess
     import tempfile
 
@@ -190,8 +190,7 @@ def _child(cmd: list[str], requests: int, **popen: Any) -> dict[str, float]:
         child.returncode = os.waitstatus_to_exitcode(status)  # (reaped here: Popen must not wait again)
         if child.returncode:
             stderr.seek(0)
-            last = (stderr.read().decode(errors="replace").strip().splitlines() or ["(no message)"])[-1]
-            raise SystemExit(f"{cmd[0]} failed (exit {child.returncode}): {last}")
+            raise subprocess.CalledProcessError(child.returncode, cmd, stderr=stderr.read().decode(errors="replace"))
     cpu = usage.ru_utime + usage.ru_stime
     return {"requests": requests, "cpu_s": cpu, "wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024}
 
@@ -216,10 +215,11 @@ def _cli(w: Workload, trace_file: Path, src: Path | None) -> dict[str, float]:
     return _child(cmd, w.size, env=env)
 
 
-def _write_trace(w: Workload, tmp: Path) -> Path:
+def _write_trace(name: str, tmp: Path) -> Path:
     from contbatch.traces import write_jsonl
 
-    path = tmp / "trace.jsonl"
+    w = WORKLOADS[name]
+    path = tmp / f"{name}.jsonl"
     write_jsonl(w.trace(w.size), path)
     return path
 
@@ -280,7 +280,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 w = WORKLOADS[name]
                 size = args.requests_b if name == "b" else w.size
                 if w.cli:
-                    trace_files[name] = trace_files.get(name) or _write_trace(w, Path(tmp))
+                    trace_files[name] = trace_files.get(name) or _write_trace(name, Path(tmp))
                     measure = functools.partial(_cli, w, trace_files[name])
                 else:
                     measure = functools.partial(_in_process, name, size)
