@@ -1,6 +1,6 @@
 """What a `contbatch` process loads before its command runs (checked in fresh interpreters): the
 parser of every command is built without the modules only some commands use, and numpy's
-OpenBLAS starts one thread unless the environment says otherwise."""
+OpenBLAS starts one thread unless the environment says otherwise or the command may run torch."""
 
 from __future__ import annotations
 
