@@ -67,7 +67,7 @@ def decode_kernel() -> DecodeKernel | None:
     try:
         _check_openmp()
         library = ctypes.CDLL(str(_built()))
-    except (NativeUnavailable, OSError) as exc:
+    except (NativeUnavailable, OSError, RuntimeError) as exc:  # (RuntimeError: no home directory for the cache)
         log.warning("the engine's native decode attention is off (%s): attention gathers the cache", exc)
         return None
     kernel = library.paged_decode
