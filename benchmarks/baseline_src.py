@@ -24,13 +24,19 @@ def export_src(commit: str, into: Path) -> Path:
     return into / "src"
 
 
-def run_side(cmd: list[str], src: Path | None, name: str) -> Any:
-    """The JSON that `cmd` prints last, run on this checkout's code (`src` None) or on `src`;
-    SystemExit naming the side that failed and its last line of stderr."""
+def side_env(src: Path | None) -> dict[str, str]:
+    """This environment for a child that imports this checkout's code (`src` None: no PYTHONPATH)
+    or the exported `src`."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    return env
+
+
+def run_side(cmd: list[str], src: Path | None, name: str) -> Any:
+    """The JSON that `cmd` prints last, run on this checkout's code (`src` None) or on `src`;
+    SystemExit naming the side that failed and its last line of stderr."""
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=side_env(src))
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         sys.exit(f"{name}: the run failed on {'this working tree' if src is None else 'the baseline'}: {last}")

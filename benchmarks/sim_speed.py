@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from baseline_src import export_src
+from baseline_src import export_src, side_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = ROOT.parent / "shared" / "anchors" / "blis"
@@ -164,11 +164,8 @@ def _compile_bytecode(*trees: Path | None) -> None:
 def _in_process(name: str, size: int, src: Path | None) -> dict[str, float]:
     import subprocess
 
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
     cmd = [sys.executable, __file__, "--only", name, "--size", str(size)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=side_env(src)).stdout
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -207,12 +204,9 @@ def _blis(blis: Path, num_requests: int, tmp: Path) -> dict[str, float]:
 
 def _cli(w: Workload, trace_file: Path, src: Path | None) -> dict[str, float]:
     """`contbatch simulate` on `trace_file`, from this checkout (`src` None) or from `src`."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
     cmd = [sys.executable, "-c", "import sys; from contbatch.cli.main import main; sys.exit(main())", "simulate",
            "--trace", str(trace_file), "--cost", w.cost, *CLI_SETTINGS]  # fmt: skip
-    return _child(cmd, w.size, env=env)
+    return _child(cmd, w.size, env=side_env(src))
 
 
 def _write_trace(name: str, tmp: Path) -> Path:
@@ -274,13 +268,12 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if args.baseline:
             src = export_src(args.baseline, Path(tmp))
         _compile_bytecode(ROOT / "src", src)
-        trace_files: dict[str, Path] = {}
+        trace_files = {name: _write_trace(name, Path(tmp)) for name in names if WORKLOADS[name].cli}
         for rep in range(args.reps):
             for name in names:
                 w = WORKLOADS[name]
                 size = args.requests_b if name == "b" else w.size
                 if w.cli:
-                    trace_files[name] = trace_files.get(name) or _write_trace(name, Path(tmp))
                     measure = functools.partial(_cli, w, trace_files[name])
                 else:
                     measure = functools.partial(_in_process, name, size)
