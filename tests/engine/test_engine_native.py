@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from contbatch.engine import attention
-from contbatch.engine.attention import ChunkLayout, build_metadata, paged_attention, windowed
-from contbatch.engine.native import decode_kernel, paged_decode
+from contbatch.engine import attention, native
+from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_metadata, paged_attention, windowed
+from contbatch.engine.native import FLAGS, decode_kernel, load_kernel, paged_decode
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None or not Path("/proc/self/maps").exists(),
@@ -43,23 +43,56 @@ def _step(
     return layouts, q, k, v, (cache[0], cache[1])
 
 
+@pytest.fixture(params=["this CPU", "portable"])
+def kernel_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each build of the kernel in turn: for this CPU (its AVX2 loops here, for head dims that are
+    multiples of 8), and its portable loops alone (what other CPUs run), put in its place."""
+    if request.param == "portable":
+        portable = load_kernel((*FLAGS, "-DPAGED_DECODE_PORTABLE"))
+        monkeypatch.setattr(native, "decode_kernel", lambda: portable)
+    return str(request.param)
+
+
+def _in_place_and_gathered(
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """paged_attention through the kernel, and through the torch path (the kernel patched off)."""
+    in_place = paged_attention(*qkv, (cache[0].clone(), cache[1].clone()), meta, scale=scale)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "paged_decode", lambda *args, **kwargs: False)
+        gathered = paged_attention(*qkv, cache, meta, scale=scale)
+    return in_place, gathered
+
+
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (32, 8), (12, 1), (8, 8)])
 @pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (80, 1), (128, 32), (6, 4)])
 @pytest.mark.parametrize("window", [None, 37])
+@pytest.mark.usefixtures("kernel_build")
 def test_the_kernel_equals_the_torch_path(
     num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, window: int | None
 ) -> None:
     assert decode_kernel() is not None, "a C compiler is here: the kernel must build"
-    layouts, q, k, v, (keys, values) = _step(
+    layouts, q, k, v, cache = _step(
         num_heads, num_kv_heads, head_dim, block_size=block_size, rows=24, seed=head_dim + num_heads
     )
     meta = windowed(build_metadata(layouts, range(24), block_size=block_size, device=torch.device("cpu")), window)
     assert len(meta.decode_groups) >= 2 or window is not None  # (contexts 1-300 split the rows into groups)
-    native = paged_attention(q, k, v, (keys.clone(), values.clone()), meta, scale=head_dim**-0.5)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(attention, "paged_decode", lambda *args, **kwargs: False)
-        gathered = paged_attention(q, k, v, (keys, values), meta, scale=head_dim**-0.5)
-    torch.testing.assert_close(native, gathered, atol=1e-5, rtol=1e-5)
+    in_place, gathered = _in_place_and_gathered((q, k, v), cache, meta, head_dim**-0.5)
+    torch.testing.assert_close(in_place, gathered, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("kernel_build")
+def test_peaked_scores_keep_their_weights() -> None:
+    """Scores a hundred and more apart: exp underflows (the kernel's exponential clamps below -87),
+    yet every row's output matches the torch path's, which rounds those weights to 0. (Scores of
+    about +-100 carry float32 rounding near 1e-5 in any order of summation: 1e-4 here.)"""
+    layouts, q, k, v, cache = _step(6, 2, 64, block_size=16, rows=24, seed=3)
+    meta = build_metadata(layouts, range(24), block_size=16, device=torch.device("cpu"))
+    in_place, gathered = _in_place_and_gathered((q * 40.0, k, v), cache, meta, 0.125)
+    torch.testing.assert_close(in_place, gathered, atol=1e-4, rtol=1e-4)
 
 
 def test_tensors_it_does_not_read_are_left_to_the_torch_path() -> None:

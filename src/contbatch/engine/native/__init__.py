@@ -4,7 +4,10 @@ The torch path of `contbatch.engine.attention` copies every decode row's keys an
 their blocks (one gather per layer), pads the rows to the longest and masks the rest, then runs
 scaled-dot-product attention; `paged_decode.c` reads each key and value once where it lies, each
 row over its own keys only. It is C compiled on first use by the machine's compiler (`$CC`, else
-`cc`) with `-O3 -march=native -fopenmp`, and called through ctypes.
+`cc`) with `FLAGS` (`-O3 -march=native -fopenmp`, ...), and called through ctypes. On a CPU with
+AVX2 and FMA its inner loops are vector code written for them (eight keys' scores at a time);
+elsewhere, and in the build `load_kernel` makes with `-DPAGED_DECODE_PORTABLE`, plain loops
+that the compiler vectorises.
 
 `decode_kernel()` gives the kernel, or None, and the engine keeps its torch path, when:
 CONTBATCH_NATIVE=0 is set; the process's OpenMP runtime is not the libgomp that torch runs on (the
@@ -16,8 +19,9 @@ this CPU), and loaded from there without a compiler; it is written under a tempo
 renamed, so that processes starting at once never load a half-written file.
 
 Invariant: the kernel's output equals the torch path's to float32 rounding (different summation
-orders; `tests/engine/test_engine_native.py` holds them within 1e-5 on every shape the engine
-runs: grouped-query, multi-query and multi-head, windows, rows of different contexts).
+orders, an exponential within about 1 ulp; `tests/engine/test_engine_native.py` holds both
+builds within 1e-5 on every shape the engine runs: grouped-query, multi-query and multi-head,
+windows, rows of different contexts).
 """
 
 from __future__ import annotations
@@ -39,7 +43,9 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+# -fno-trapping-math: no floating-point operation here traps, and the compiler may then vectorise
+# the softmax's exponential (its clamp is a comparison)
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-fPIC", "-shared")
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 # paged_decode's parameters, in order (paged_decode.c)
@@ -66,11 +72,17 @@ def decode_kernel() -> DecodeKernel | None:
         return None
     try:
         _check_openmp()
-        library = ctypes.CDLL(str(_built()))
+        return load_kernel(FLAGS)
     except (NativeUnavailable, OSError, RuntimeError) as exc:  # (RuntimeError: no home directory for the cache)
         log.warning("the engine's native decode attention is off (%s): attention gathers the cache", exc)
         return None
-    kernel = library.paged_decode
+
+
+def load_kernel(flags: tuple[str, ...]) -> DecodeKernel:
+    """`paged_decode` of the library built with `flags` (cached; NativeUnavailable if it cannot be
+    built). `FLAGS` + ("-DPAGED_DECODE_PORTABLE",) builds only its portable loops, which a CPU
+    without AVX2 and FMA runs."""
+    kernel = ctypes.CDLL(str(_built(flags))).paged_decode
     kernel.argtypes = _ARGTYPES
     kernel.restype = ctypes.c_int
     return kernel
@@ -89,10 +101,10 @@ def _check_openmp() -> None:
         raise NativeUnavailable("torch's OpenMP runtime is not libgomp")
 
 
-def _built() -> Path:
-    """The shared library for this source and CPU: the cached one, or built now."""
+def _built(flags: tuple[str, ...]) -> Path:
+    """The shared library for this source, these flags and this CPU: the cached one, or built now."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu().encode()):
+    for part in (SOURCE.read_bytes(), " ".join(flags).encode(), _cpu().encode()):
         key.update(part)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "contbatch" / "native"
     target = cache / f"paged_decode-{key.hexdigest()[:20]}.so"
@@ -104,7 +116,7 @@ def _built() -> Path:
         built = Path(tmp) / target.name
         try:
             done = subprocess.run(
-                [compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                [compiler, *flags, str(SOURCE), "-o", str(built), "-lm"],
                 capture_output=True, text=True, check=False, timeout=300,
             )  # fmt: skip
         except (OSError, subprocess.SubprocessError) as exc:

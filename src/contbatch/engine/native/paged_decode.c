@@ -10,16 +10,148 @@
    scores buffer could not be allocated (out is then incomplete).
 
    Rows and KV heads are split over `num_threads` OpenMP threads: the process's OpenMP runtime,
-   which torch has loaded, so its threads are torch's own (the loader checks that). */
+   which torch has loaded, so its threads are torch's own (the loader checks that). Each task (a
+   row and a KV head) finds where its keys lie once, block by block; reads each key and value once
+   for all the query heads that share them; and exponentiates with plain arithmetic that the
+   compiler vectorises. With AVX2 and FMA (and head_dim a multiple of 8) the scores are taken
+   eight keys at a time, eight independent sums reduced by one transpose, and the weighted values
+   are summed in registers; elsewhere the portable loops below do the same sums. */
 
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__FMA__) && !defined(PAGED_DECODE_PORTABLE)
+#include <immintrin.h>
+#define PAGED_DECODE_AVX2 1
+#endif
 
-static inline const float *slot(const float *cache, const int64_t *table, int64_t p, int64_t bs,
-                                int64_t stride_block, int64_t stride_offset) {
-  return cache + table[p / bs] * stride_block + (p % bs) * stride_offset;
+/* exp(x) for x <= 0, to about 1 ulp (Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2, a
+   polynomial in r, times 2^n built in the exponent bits); x below -87 counts as -87 (exp(-87) is
+   1.6e-38: nothing beside a softmax's largest term, 1). */
+static inline float exp_nonpositive(float x) {
+  const float round = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+  x = x > -87.0f ? x : -87.0f;
+  const float n = (x * 1.44269504088896341f + round) - round;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } two_n = {.i = ((int32_t)n + 127) << 23};
+  return p * two_n.f;
+}
+
+/* weights[g * stride + i] = scale * (q head g) . (key i), key i at keys + off[i], for i < L */
+static void scores_portable(const float *qb, const float *keys, const int64_t *off, int64_t L, int64_t G,
+                            int64_t D, float scale, float *weights, int64_t stride) {
+  for (int64_t i = 0; i < L; i++) {
+    const float *k = keys + off[i];
+    for (int64_t g = 0; g < G; g++) {
+      const float *qg = qb + g * D;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; d++) dot += qg[d] * k[d];
+      weights[g * stride + i] = dot * scale;
+    }
+  }
+}
+
+/* ob[g] = sum over i < L of weights[g * L + i] * (value i), value i at values + off[i] */
+static void values_portable(const float *values, const int64_t *off, int64_t L, int64_t G, int64_t D,
+                            const float *weights, float *ob) {
+  memset(ob, 0, sizeof(float) * G * D);
+  for (int64_t i = 0; i < L; i++) {
+    const float *v = values + off[i];
+    for (int64_t g = 0; g < G; g++) {
+      const float w = weights[g * L + i];
+      float *og = ob + g * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; d++) og[d] += w * v[d];
+    }
+  }
+}
+
+#ifdef PAGED_DECODE_AVX2
+static inline __m256 sum_lanes(const __m256 a[8]) { /* lane j: the sum of a[j]'s eight lanes */
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* scores_portable's sums (D a multiple of 8), eight keys at a time */
+static void scores_avx2(const float *qb, const float *keys, const int64_t *off, int64_t L, int64_t G,
+                        int64_t D, float scale, float *weights) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= L; i += 8) {
+    const float *k[8];
+    for (int j = 0; j < 8; j++) k[j] = keys + off[i + j];
+    for (int64_t g = 0; g < G; g++) {
+      const float *qg = qb + g * D;
+      __m256 acc[8];
+      for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(qg + d);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + d), acc[j]);
+      }
+      _mm256_storeu_ps(weights + g * L + i, _mm256_mul_ps(sum_lanes(acc), s));
+    }
+  }
+  if (i < L) scores_portable(qb, keys, off + i, L - i, G, D, scale, weights + i, L);
+}
+
+/* values_portable's sums (D a multiple of 8): 32 values at a time, kept in cache across the
+   heads; each head's 64-wide slices of its output summed in registers */
+static void values_avx2(const float *values, const int64_t *off, int64_t L, int64_t G, int64_t D,
+                        const float *weights, float *ob) {
+  memset(ob, 0, sizeof(float) * G * D);
+  for (int64_t i0 = 0; i0 < L; i0 += 32) {
+    const int64_t n = L - i0 < 32 ? L - i0 : 32;
+    for (int64_t g = 0; g < G; g++) {
+      const float *w = weights + g * L + i0;
+      float *og = ob + g * D;
+      int64_t d0 = 0;
+      for (; d0 + 64 <= D; d0 += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_loadu_ps(og + d0 + 8 * c);
+        for (int64_t j = 0; j < n; j++) {
+          const __m256 wj = _mm256_broadcast_ss(w + j);
+          const float *v = values + off[i0 + j] + d0;
+          for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(v + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(og + d0 + 8 * c, acc[c]);
+      }
+      for (; d0 < D; d0 += 8) {
+        __m256 acc = _mm256_loadu_ps(og + d0);
+        for (int64_t j = 0; j < n; j++)
+          acc = _mm256_fmadd_ps(_mm256_broadcast_ss(w + j), _mm256_loadu_ps(values + off[i0 + j] + d0), acc);
+        _mm256_storeu_ps(og + d0, acc);
+      }
+    }
+  }
+}
+#endif
+
+static void softmax_rows(float *weights, int64_t G, int64_t L) {
+  for (int64_t g = 0; g < G; g++) {
+    float *w = weights + g * L, top = w[0], sum = 0.f;
+    for (int64_t i = 1; i < L; i++) top = w[i] > top ? w[i] : top;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < L; i++) {
+      w[i] = exp_nonpositive(w[i] - top);
+      sum += w[i];
+    }
+    const float inv = 1.f / sum;
+#pragma omp simd
+    for (int64_t i = 0; i < L; i++) w[i] *= inv;
+  }
 }
 
 int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, const float *value_cache,
@@ -30,47 +162,35 @@ int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, c
   int failed = 0;
 #pragma omp parallel for schedule(static) num_threads(num_threads) reduction(| : failed)
   for (int64_t task = 0; task < B * Hkv; task++) {
-    const int64_t b = task / Hkv, h = task % Hkv, first = lo[b], L = hi[b] - lo[b];
+    const int64_t b = task / Hkv, h = task % Hkv, first = lo[b], end = hi[b], L = end - first;
     const float *qb = q + b * q_stride_row + h * G * D;
     const float *keys = key_cache + h * stride_head, *values = value_cache + h * stride_head;
     const int64_t *table = tables + b * W;
     float *ob = out + (b * Hq + h * G) * D;
-    float *weights = malloc(sizeof(float) * G * L);
-    if (weights == NULL) {
+    int64_t *off = malloc(sizeof(int64_t) * L + sizeof(float) * G * L); /* L key offsets, then [G, L] scores */
+    if (off == NULL) {
       failed = 1;
       continue;
     }
-    for (int64_t i = 0; i < L; i++) { /* scores, each key read once for the G query heads */
-      const float *k = slot(keys, table, first + i, bs, stride_block, stride_offset);
-      for (int64_t g = 0; g < G; g++) {
-        const float *qg = qb + g * D;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; d++) dot += qg[d] * k[d];
-        weights[g * L + i] = dot * scale;
-      }
+    float *weights = (float *)(off + L);
+    for (int64_t p = first, i = 0; p < end;) { /* where each key lies, block by block */
+      const int64_t block_end = (p / bs + 1) * bs, stop = block_end < end ? block_end : end;
+      const int64_t base = table[p / bs] * stride_block;
+      for (int64_t offset = p % bs; p < stop; p++, offset++) off[i++] = base + offset * stride_offset;
     }
-    for (int64_t g = 0; g < G; g++) { /* softmax */
-      float *w = weights + g * L, top = w[0], sum = 0.f;
-      for (int64_t i = 1; i < L; i++) top = w[i] > top ? w[i] : top;
-      for (int64_t i = 0; i < L; i++) {
-        w[i] = expf(w[i] - top);
-        sum += w[i];
-      }
-      const float inv = 1.f / sum;
-      for (int64_t i = 0; i < L; i++) w[i] *= inv;
+#ifdef PAGED_DECODE_AVX2
+    if (D % 8 == 0) {
+      scores_avx2(qb, keys, off, L, G, D, scale, weights);
+      softmax_rows(weights, G, L);
+      values_avx2(values, off, L, G, D, weights, ob);
+      free(off);
+      continue;
     }
-    memset(ob, 0, sizeof(float) * G * D);
-    for (int64_t i = 0; i < L; i++) { /* the weighted values, each value read once */
-      const float *v = slot(values, table, first + i, bs, stride_block, stride_offset);
-      for (int64_t g = 0; g < G; g++) {
-        const float w = weights[g * L + i];
-        float *og = ob + g * D;
-#pragma omp simd
-        for (int64_t d = 0; d < D; d++) og[d] += w * v[d];
-      }
-    }
-    free(weights);
+#endif
+    scores_portable(qb, keys, off, L, G, D, scale, weights, L);
+    softmax_rows(weights, G, L);
+    values_portable(values, off, L, G, D, weights, ob);
+    free(off);
   }
   return failed;
 }
