@@ -16,6 +16,10 @@ loads the demo model (30M, float32) with --threads threads and measures:
   bandwidth (`engine_vs_hf.matmul_flops`, `stream_bandwidth`); `roofline_ms` counts every
   parameter of the model, as engine_vs_hf does, `roofline_mm_ms` only the weights the step
   multiplies (the decoder layers and the LM head; the embedding is a lookup of B rows);
+- a prefill-only step of --prefill COUNTxLENGTH whole prompts (default 7 of 290 tokens: 2,030,
+  the token budget of `engine_vs_peer.py`'s servers), against the same matmul peak
+  (`prefill_roofline_ms`: every layer weight times every token, causal attention, the LM head for
+  one row a prompt);
 - the host overhead of full engine steps at --engine-batch requests: `LLMEngine.step()`
   (scheduling, input building, forward, sampling, detokenization) timed after every request's
   prefill, with the time inside `forward` subtracted; the fraction is (step - forward) / step.
@@ -94,20 +98,22 @@ def mixed_contexts(batch: int, context: int) -> list[int]:
     return [low + (high - low) * i // max(batch - 1, 1) for i in range(batch)]
 
 
-def runner_step(runner: Any, contexts: list[int], steps: int) -> dict[str, float]:
-    """Decode-only steps of one request at each of `contexts` (engine_vs_hf's decode_step setup)."""
+def runner_step(runner: Any, contexts: list[int], steps: int, prompt: int = 0) -> dict[str, float]:
+    """Steps of one request at each of `contexts` (engine_vs_hf's decode_step setup): decodes
+    (a token at each context), or with `prompt` > 0 whole prompts of that many tokens (contexts 0)."""
     from contbatch.core.outputs import ScheduledChunk, build_output
     from contbatch.engine.runner import SequenceState
     from contbatch.engine.sampling import SamplingParams
 
     bs = runner.kv_cache.block_size
     seqs, chunks, first_block = {}, [], 0
+    new_tokens = max(prompt, 1)
     for i, context in enumerate(contexts):
-        blocks = -(-(context + 1) // bs)
+        blocks = -(-(context + new_tokens) // bs)
         table = list(range(first_block, first_block + blocks))
         first_block += blocks
-        seqs[f"d{i}"] = SequenceState([5] * (context + 1), table, SamplingParams(temperature=0.0))
-        chunks.append(ScheduledChunk(f"d{i}", context, 1, False, True))
+        seqs[f"d{i}"] = SequenceState([5] * (context + new_tokens), table, SamplingParams(temperature=0.0))
+        chunks.append(ScheduledChunk(f"d{i}", context, new_tokens, prompt > 0, True))
     out = build_output(0, chunks)
     timer = ForwardTimer(runner.model)
     try:
@@ -196,8 +202,24 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         row["ratio"] = row["step_ms"] / row["roofline_ms"]
         row["ratio_mm"] = row["step_ms"] / row["roofline_mm_ms"]
         result[name] = row
+    count, length = args.prefill
+    if count > 0:
+        row = runner_step(runner, [0] * count, max(3, args.steps // 4), prompt=length)
+        row["roofline_ms"] = prefill_roofline_ms(runner.spec, multiplied, count, length, peak=peak)
+        row["ratio"] = row["step_ms"] / row["roofline_ms"]
+        result[f"prefill_{count}x{length}"] = row
     result[f"engine_{args.engine_batch}"] = engine_steps(engine, args.engine_batch, args.context, args.steps, args.seed)
     return result
+
+
+def prefill_roofline_ms(spec: Any, multiplied: int, count: int, length: int, *, peak: float) -> float:
+    """A step of `count` whole prompts of `length` tokens at the matmul peak: every layer weight
+    multiplied by every token, the LM head by one row a prompt, causal attention (length^2 / 2
+    query-key pairs a head, each a dot product and a weighted sum)."""
+    head = spec.vocab_size * spec.hidden_size
+    flops = 2 * (multiplied - head) * count * length + 2 * head * count
+    flops += 2 * 2 * count * length * length // 2 * spec.num_layers * spec.num_heads * spec.head_dim
+    return 1000 * flops / peak
 
 
 # -- driver ---------------------------------------------------------------------------------------------
@@ -253,6 +275,7 @@ def run_worker_once(src: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--context", str(args.context), "--steps", str(args.steps)]
     cmd += ["--threads", str(args.threads), "--engine-batch", str(args.engine_batch), "--seed", str(args.seed)]
     cmd += ["--batches", *map(str, args.batches), "--mixed" if args.mixed else "--no-mixed"]
+    cmd += ["--prefill", "{}x{}".format(*args.prefill)]
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     if Path(result["source"]).resolve() != (src / "contbatch").resolve():
@@ -284,6 +307,10 @@ def report(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[
         rows.append([name, fmt.format(b), fmt.format(c), f"{b / c:.2f}x"])
         summary[name] = {"baseline": b, "current": c, "baseline_over_current": b / c}
 
+    for key in (k for k in cur if k.startswith("prefill_")):
+        b, c, name = base[key], cur[key], key.removeprefix("prefill_")
+        add(f"prefill {name}: step ms", b["step_ms"], c["step_ms"])
+        add(f"prefill {name}: step / roofline", b["ratio"], c["ratio"])
     for key in (k for k in cur if k.startswith("decode_")):
         b, c, name = base[key], cur[key], key.removeprefix("decode_").replace("_", " ")
         add(f"decode {name}: step ms", b["step_ms"], c["step_ms"])
@@ -300,6 +327,14 @@ def report(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[
     return rows, summary
 
 
+def _count_x_length(text: str) -> tuple[int, int]:
+    count, _, length = text.partition("x")
+    try:
+        return int(count), int(length)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected COUNTxLENGTH such as 7x290, got {text!r}") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="81bb433", help="the commit compared against")
@@ -311,6 +346,11 @@ def main() -> None:
         help="also each batch (> 1) with contexts spread over [context / 2, 2 context] (`mixed_contexts`)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement (median)")
+    parser.add_argument(
+        "--prefill", type=_count_x_length, default=(7, 290), metavar="COUNTxLENGTH",
+        help="also a prefill-only step of COUNT prompts of LENGTH tokens (default 7x290: 2,030 tokens, "
+        "the peers' 2,048-token budget; 0x0: none), a quarter as many timed steps",
+    )  # fmt: skip
     parser.add_argument("--engine-batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

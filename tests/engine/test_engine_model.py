@@ -73,7 +73,19 @@ def _run(runner: ModelRunner, tokens: Sequence[int], table: Sequence[int], spans
     return rows
 
 
+@pytest.fixture(params=["native", "torch"])
+def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The native kernels where they run (`contbatch.engine.native`), or every torch path in
+    their place (what CUDA, other dtypes and machines without a compiler run)."""
+    if request.param == "torch":
+        monkeypatch.setattr("contbatch.engine.attention.paged_decode", lambda *args, **kwargs: False)
+        monkeypatch.setattr("contbatch.engine.model.add_rms_norm", lambda *args: None)
+        monkeypatch.setattr("contbatch.engine.model.silu_mul", lambda *args: None)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.usefixtures("kernels")
 def test_prefill_chunks_and_decodes_match_transformers(hf_checkpoint, variant: str) -> None:
     model_type, overrides = VARIANTS[variant]
     ckpt = hf_checkpoint(model_type, **overrides)

@@ -16,7 +16,7 @@ import torch
 
 from contbatch.engine import attention, native
 from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_metadata, paged_attention, windowed
-from contbatch.engine.native import FLAGS, decode_kernel, load_kernel, paged_decode
+from contbatch.engine.native import FLAGS, add_rms_norm, decode_kernel, load_library, paged_decode, silu_mul
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None or not Path("/proc/self/maps").exists(),
@@ -45,11 +45,11 @@ def _step(
 
 @pytest.fixture(params=["this CPU", "portable"])
 def kernel_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each build of the kernel in turn: for this CPU (its AVX2 loops here, for head dims that are
-    multiples of 8), and its portable loops alone (what other CPUs run), put in its place."""
+    """Each build of the kernels in turn: for this CPU (the attention's AVX2 loops here, for head
+    dims that are multiples of 8), and its portable loops alone (what other CPUs run), put in its place."""
     if request.param == "portable":
-        portable = load_kernel((*FLAGS, "-DPAGED_DECODE_PORTABLE"))
-        monkeypatch.setattr(native, "decode_kernel", lambda: portable)
+        portable = load_library((*FLAGS, "-DPAGED_DECODE_PORTABLE"))
+        monkeypatch.setattr(native, "native_library", lambda: portable)
     return str(request.param)
 
 
@@ -93,6 +93,44 @@ def test_peaked_scores_keep_their_weights() -> None:
     meta = build_metadata(layouts, range(24), block_size=16, device=torch.device("cpu"))
     in_place, gathered = _in_place_and_gathered((q * 40.0, k, v), cache, meta, 0.125)
     torch.testing.assert_close(in_place, gathered, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])  # (300 x 384 elements: split over the threads)
+@pytest.mark.parametrize("width", [384, 100, 3])
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_add_rms_norm_is_the_residual_add_then_llama_rms_norm(rows: int, width: int, with_delta: bool) -> None:
+    torch.manual_seed(rows + width)
+    h, delta, weight = torch.randn(rows, width) * 3, torch.randn(rows, width), torch.rand(width) + 0.5
+    expected_h = h + delta if with_delta else h.clone()
+    variance = expected_h.pow(2).mean(-1, keepdim=True)  # transformers' LlamaRMSNorm, float32
+    expected = weight * (expected_h * torch.rsqrt(variance + 1e-6))
+    out = add_rms_norm(h, delta if with_delta else None, weight, 1e-6)
+    assert out is not None
+    torch.testing.assert_close(h, expected_h, atol=0, rtol=0)  # the add is exact, in place
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 200])  # (200 x 512 elements: split over the threads)
+def test_silu_mul_is_the_gated_activation(rows: int) -> None:
+    torch.manual_seed(rows)
+    gate_up = torch.randn(rows, 1024) * 6
+    gate_up[0, :6] = torch.tensor([-100.0, -87.5, -20.0, 0.0, 20.0, 100.0])  # (exp under- and overflow)
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = silu_mul(gate_up)
+    assert out is not None
+    torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up, atol=1e-6, rtol=1e-5)
+
+
+def test_fused_kernels_leave_what_they_do_not_read_to_torch() -> None:
+    h, weight = torch.randn(4, 8), torch.ones(8)
+    before = h.clone()
+    for args in ((h.double(), None, weight.double()), (h.t(), None, torch.ones(4)), (h, torch.ones(4, 7), weight)):
+        assert add_rms_norm(*args, 1e-6) is None  # type: ignore[arg-type]
+    assert add_rms_norm(h, torch.ones(4, 8), torch.ones(7), 1e-6) is None
+    assert torch.equal(h, before)
+    assert silu_mul(torch.randn(4, 7)) is None  # (odd width)
+    assert silu_mul(torch.randn(4, 8).t()) is None
+    assert silu_mul(torch.randn(2, 4, 8)) is None
 
 
 def test_tensors_it_does_not_read_are_left_to_the_torch_path() -> None:

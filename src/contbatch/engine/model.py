@@ -8,7 +8,10 @@ and gate/up into another, and `forward`, which runs one step: flat token ids and
 logits out only for the rows that are sampled.
 
 Numerics follow transformers: RMSNorm in float32 then cast back, cos/sin computed in float32 and
-cast to the model dtype, softmax inside scaled-dot-product attention. float32 on CPU;
+cast to the model dtype, softmax inside scaled-dot-product attention. On the CPU in float32 the
+native kernels (`contbatch.engine.native`) fuse each residual add with the RMSNorm after it, and
+the MLP's silu(gate) * up, into one pass each: the same formulas, to float32 rounding. The residual
+stream's last add is made for the sampled rows only. float32 on CPU;
 float16/bfloat16 only on CUDA. A layer with a sliding window (`ModelSpec.layer_windows`) attends
 through the step's windowed metadata (`contbatch.engine.attention.windowed`), built once per step
 and window.
@@ -27,6 +30,7 @@ from contbatch.engine.device import resolve_device
 from contbatch.engine.host_memory import retain_freed_memory
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.linear import linear, pack_weight
+from contbatch.engine.native import add_rms_norm, silu_mul
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
 
@@ -164,12 +168,26 @@ class LlamaModel:
         o = paged_attention(q, k, v, cache, meta, scale=self.scale)
         return linear(o.view(-1, s.q_size), layer.o_t, layer.o_bias)
 
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+        """`h += delta` (the residual add, when given), then h normalised by `weight` as a new
+        tensor: in one pass by the native kernel where it runs (`contbatch.engine.native`)."""
+        fused = add_rms_norm(h, delta, weight, self.spec.rms_norm_eps)
+        if fused is not None:
+            return fused
+        if delta is not None:
+            h += delta
+        return self._rms_norm(h, weight)
+
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        """down(silu(gate) * up); the product is written over silu's output (the same bits, one
-        large temporary fewer: a fresh [T, I] buffer costs page faults at prefill sizes)."""
+        """down(silu(gate) * up): by the native kernel in one pass where it runs; else the
+        product written over silu's output (the same bits, one large temporary fewer: a fresh
+        [T, I] buffer costs page faults at prefill sizes)."""
         gate_up = linear(x, layer.gate_up_t, layer.gate_up_bias)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return linear(F.silu(gate).mul_(up), layer.down_t, layer.down_bias)
+        activated = silu_mul(gate_up)
+        if activated is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            activated = F.silu(gate).mul_(up)
+        return linear(activated, layer.down_t, layer.down_bias)
 
     @torch.inference_mode()
     def forward(
@@ -185,12 +203,14 @@ class LlamaModel:
         rope = self.rotary.cos_sin(positions, meta.layouts)
         windows = self.spec.layer_windows or (None,) * len(self.layers)
         metas = {w: windowed(meta, w) for w in set(windows)}
+        delta: torch.Tensor | None = None  # what the residual stream adds next
         for i, layer in enumerate(self.layers):
             m = metas[windows[i]]
-            h += self._attention(self._rms_norm(h, layer.input_norm), layer, rope, m, kv_cache.layer(i))
-            h += self._mlp(self._rms_norm(h, layer.post_norm), layer)
-        h = self._rms_norm(h.index_select(0, meta.sample_indices), self.final_norm)
-        return self._logits(h).float()
+            delta = self._attention(self._add_norm(h, delta, layer.input_norm), layer, rope, m, kv_cache.layer(i))
+            delta = self._mlp(self._add_norm(h, delta, layer.post_norm), layer)
+        rows = meta.sample_indices  # the last residual add, for the sampled rows only
+        last = None if delta is None else delta.index_select(0, rows)
+        return self._logits(self._add_norm(h.index_select(0, rows), last, self.final_norm)).float()
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [R, H] (final-normalised) times the LM head; one row through the plain matrix."""

@@ -1,27 +1,35 @@
-"""The engine's native CPU kernel: decode attention read in place from the paged KV cache.
+"""The engine's native CPU kernels: decode attention read in place from the paged KV cache, and
+the decoder layer's elementwise steps fused.
 
-The torch path of `contbatch.engine.attention` copies every decode row's keys and values out of
-their blocks (one gather per layer), pads the rows to the longest and masks the rest, then runs
-scaled-dot-product attention; `paged_decode.c` reads each key and value once where it lies, each
-row over its own keys only. It is C compiled on first use by the machine's compiler (`$CC`, else
-`cc`) with `FLAGS` (`-O3 -march=native -fopenmp`, ...), and called through ctypes. On a CPU with
-AVX2 and FMA its inner loops are vector code written for them (eight keys' scores at a time);
-elsewhere, and in the build `load_kernel` makes with `-DPAGED_DECODE_PORTABLE`, plain loops
-that the compiler vectorises.
+- `paged_decode` (`paged_decode.c`): the torch path of `contbatch.engine.attention` copies every
+  decode row's keys and values out of their blocks (one gather per layer), pads the rows to the
+  longest and masks the rest, then runs scaled-dot-product attention; the kernel reads each key
+  and value once where it lies, each row over its own keys only. On a CPU with AVX2 and FMA its
+  inner loops are vector code written for them (eight keys' scores at a time); elsewhere, and in
+  the build `load_library` makes with `-DPAGED_DECODE_PORTABLE`, plain loops that the compiler
+  vectorises.
+- `add_rms_norm`, `silu_mul` (`fused.c`): the residual add with the next RMSNorm, and the gated
+  MLP's silu(gate) * up, each one pass over the rows instead of torch's five to seven operations
+  (at a decode step's few rows, their dispatch is most of their cost).
 
-`decode_kernel()` gives the kernel, or None, and the engine keeps its torch path, when:
-CONTBATCH_NATIVE=0 is set; the process's OpenMP runtime is not the libgomp that torch runs on (the
-kernel's threads must be torch's own: a second runtime's would spin beside them, as two OpenMP
-teams did in the server before, `contbatch.engine.serving`); there is no compiler, or the build
-fails (logged once). The library is cached under $XDG_CACHE_HOME/contbatch/native (default
-~/.cache), named by a hash of the source, the flags and the CPU's model and flags (it is built for
-this CPU), and loaded from there without a compiler; it is written under a temporary name and
-renamed, so that processes starting at once never load a half-written file.
+They are C compiled on first use by the machine's compiler (`$CC`, else `cc`) with `FLAGS`
+(`-O3 -march=native -fopenmp`, ...) into one library, called through ctypes. `native_library()`
+gives it, or None, and the engine keeps its torch paths, when: CONTBATCH_NATIVE=0 is set; the
+process's OpenMP runtime is not the libgomp that torch runs on (the kernels' threads must be
+torch's own: a second runtime's would spin beside them, as two OpenMP teams did in the server
+before, `contbatch.engine.serving`); there is no compiler, or the build fails (logged once).
+Each wrapper returns False or None, leaving its inputs alone, for tensors its kernel does not
+read (another dtype or device, another layout): the caller's torch path runs. The library is
+cached under $XDG_CACHE_HOME/contbatch/native (default ~/.cache), named by a hash of the
+sources, the flags and the CPU's model and flags (it is built for this CPU), and loaded from
+there without a compiler; it is written under a temporary name and renamed, so that processes
+starting at once never load a half-written file.
 
-Invariant: the kernel's output equals the torch path's to float32 rounding (different summation
+Invariant: each kernel's output equals its torch path's to float32 rounding (different summation
 orders, an exponential within about 1 ulp; `tests/engine/test_engine_native.py` holds both
-builds within 1e-5 on every shape the engine runs: grouped-query, multi-query and multi-head,
-windows, rows of different contexts).
+builds within 1e-5 on every attention shape the engine runs: grouped-query, multi-query and
+multi-head, windows, rows of different contexts; and the fused steps against transformers'
+formulas).
 """
 
 from __future__ import annotations
@@ -42,50 +50,67 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "paged_decode.c", HERE / "fused.c")  # built into one library
+HEADERS = (HERE / "exp_nonpositive.h",)
 # -fno-trapping-math: no floating-point operation here traps, and the compiler may then vectorise
-# the softmax's exponential (its clamp is a comparison)
+# the exponential (its clamp is a comparison)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-fPIC", "-shared")
 
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-# paged_decode's parameters, in order (paged_decode.c)
-_ARGTYPES: list[Any] = [
-    _PTR, _I64,  # q, q_stride_row
-    _PTR, _PTR, _PTR, _I64,  # key_cache, value_cache, tables, W
-    _PTR, _PTR,  # lo, hi
-    _I64, _I64, _I64, _I64, _I64,  # B, Hq, Hkv, D, bs
-    _I64, _I64, _I64,  # stride_block, stride_offset, stride_head
-    ctypes.c_float, _PTR, ctypes.c_int,  # scale, out, num_threads
-]  # fmt: skip
+_I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+# each function's parameters, in order (the C sources), and its result
+_SIGNATURES: dict[str, tuple[list[Any], Any]] = {
+    "paged_decode": (
+        [
+            _PTR, _I64,  # q, q_stride_row
+            _PTR, _PTR, _PTR, _I64,  # key_cache, value_cache, tables, W
+            _PTR, _PTR,  # lo, hi
+            _I64, _I64, _I64, _I64, _I64,  # B, Hq, Hkv, D, bs
+            _I64, _I64, _I64,  # stride_block, stride_offset, stride_head
+            _F32, _PTR, _INT,  # scale, out, num_threads
+        ],
+        _INT,
+    ),
+    # x, delta, weight, y, rows, n, eps, num_threads
+    "add_rms_norm": ([_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT], None),
+    "silu_mul": ([_PTR, _PTR, _I64, _I64, _INT], None),  # gate_up, out, rows, n, num_threads
+}  # fmt: skip
 
 DecodeKernel = Callable[..., int]
 
 
 class NativeUnavailable(Exception):
-    """Why the kernel cannot be used in this process (logged once by `decode_kernel`)."""
+    """Why the kernels cannot be used in this process (logged once by `native_library`)."""
 
 
 @functools.cache
-def decode_kernel() -> DecodeKernel | None:
-    """The compiled `paged_decode` (see the module docstring), or None; decided once a process."""
+def native_library() -> ctypes.CDLL | None:
+    """The compiled kernels (see the module docstring), or None; decided once a process."""
     if os.environ.get("CONTBATCH_NATIVE", "1") == "0":
         return None
     try:
         _check_openmp()
-        return load_kernel(FLAGS)
+        return load_library(FLAGS)
     except (NativeUnavailable, OSError, RuntimeError) as exc:  # (RuntimeError: no home directory for the cache)
-        log.warning("the engine's native decode attention is off (%s): attention gathers the cache", exc)
+        log.warning("the engine's native kernels are off (%s): attention gathers the cache", exc)
         return None
 
 
-def load_kernel(flags: tuple[str, ...]) -> DecodeKernel:
-    """`paged_decode` of the library built with `flags` (cached; NativeUnavailable if it cannot be
-    built). `FLAGS` + ("-DPAGED_DECODE_PORTABLE",) builds only its portable loops, which a CPU
-    without AVX2 and FMA runs."""
-    kernel = ctypes.CDLL(str(_built(flags))).paged_decode
-    kernel.argtypes = _ARGTYPES
-    kernel.restype = ctypes.c_int
-    return kernel
+def load_library(flags: tuple[str, ...]) -> ctypes.CDLL:
+    """The library built with `flags` (cached; NativeUnavailable if it cannot be built), its
+    functions typed. `FLAGS` + ("-DPAGED_DECODE_PORTABLE",) builds only the attention's portable
+    loops, which a CPU without AVX2 and FMA runs."""
+    library = ctypes.CDLL(str(_built(flags)))
+    for name, (argtypes, restype) in _SIGNATURES.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = argtypes, restype
+    return library
+
+
+def decode_kernel() -> DecodeKernel | None:
+    """The library's `paged_decode`, or None where the kernels are off."""
+    library = native_library()
+    return None if library is None else library.paged_decode
 
 
 def _check_openmp() -> None:
@@ -104,10 +129,10 @@ def _check_openmp() -> None:
 def _built(flags: tuple[str, ...]) -> Path:
     """The shared library for this source, these flags and this CPU: the cached one, or built now."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(flags).encode(), _cpu().encode()):
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), " ".join(flags).encode(), _cpu().encode()):
         key.update(part)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "contbatch" / "native"
-    target = cache / f"paged_decode-{key.hexdigest()[:20]}.so"
+    target = cache / f"kernels-{key.hexdigest()[:20]}.so"
     if target.exists():
         return target
     compiler = os.environ.get("CC") or "cc"
@@ -116,14 +141,15 @@ def _built(flags: tuple[str, ...]) -> Path:
         built = Path(tmp) / target.name
         try:
             done = subprocess.run(
-                [compiler, *flags, str(SOURCE), "-o", str(built), "-lm"],
+                [compiler, *flags, *map(str, SOURCES), "-o", str(built), "-lm"],
                 capture_output=True, text=True, check=False, timeout=300,
             )  # fmt: skip
         except (OSError, subprocess.SubprocessError) as exc:
             raise NativeUnavailable(f"the C compiler {compiler} did not run: {exc}") from None
         if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise NativeUnavailable(f"{compiler} failed (exit {done.returncode}): {last}")
+            lines = done.stderr.strip().splitlines() or ["(no message)"]
+            first_error = next((line for line in lines if "error" in line), lines[-1])
+            raise NativeUnavailable(f"{compiler} failed (exit {done.returncode}): {first_error.strip()}")
         os.replace(built, target)
     return target
 
@@ -184,3 +210,40 @@ def _readable(
         and keys.stride(3) == 1
         and out.is_contiguous()
     )
+
+
+def _flat_float32(*tensors: torch.Tensor) -> bool:
+    """Every tensor float32, contiguous, on the CPU: what the fused kernels read."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """`h += delta` (when given), then h's rows RMS-normalised and scaled by `weight`
+    (transformers' LlamaRMSNorm) as a new tensor, in one pass; None, h untouched, where the
+    kernels are off or the tensors are not what `fused.c` reads (float32, contiguous, on the CPU;
+    delta of h's shape, weight one row's width)."""
+    library = native_library()
+    if library is None:
+        return None
+    width = h.shape[-1]
+    operands = (h, weight) if delta is None else (h, weight, delta)
+    if weight.shape != (width,) or (delta is not None and delta.shape != h.shape) or not _flat_float32(*operands):
+        return None
+    out = torch.empty_like(h)
+    added = None if delta is None else delta.data_ptr()
+    rows = h.numel() // width if width else 0
+    threads = torch.get_num_threads()
+    library.add_rms_norm(h.data_ptr(), added, weight.data_ptr(), out.data_ptr(), rows, width, eps, threads)
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up for `gate_up` [rows, 2 n] = [gate | up], as a new [rows, n] tensor; None
+    where the kernels are off or gate_up is not float32, contiguous, 2-D, on the CPU."""
+    library = native_library()
+    if library is None or gate_up.dim() != 2 or gate_up.shape[1] % 2 or not _flat_float32(gate_up):
+        return None
+    rows, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty((rows, width))
+    library.silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width, torch.get_num_threads())
+    return out

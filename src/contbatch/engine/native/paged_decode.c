@@ -20,32 +20,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "exp_nonpositive.h"
 #if defined(__AVX2__) && defined(__FMA__) && !defined(PAGED_DECODE_PORTABLE)
 #include <immintrin.h>
 #define PAGED_DECODE_AVX2 1
 #endif
-
-/* exp(x) for x <= 0, to about 1 ulp (Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2, a
-   polynomial in r, times 2^n built in the exponent bits); x below -87 counts as -87 (exp(-87) is
-   1.6e-38: nothing beside a softmax's largest term, 1). */
-static inline float exp_nonpositive(float x) {
-  const float round = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
-  x = x > -87.0f ? x : -87.0f;
-  const float n = (x * 1.44269504088896341f + round) - round;
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  union {
-    int32_t i;
-    float f;
-  } two_n = {.i = ((int32_t)n + 127) << 23};
-  return p * two_n.f;
-}
 
 /* weights[g * stride + i] = scale * (q head g) . (key i), key i at keys + off[i], for i < L */
 static void scores_portable(const float *qb, const float *keys, const int64_t *off, int64_t L, int64_t G,

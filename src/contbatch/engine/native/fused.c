@@ -1,0 +1,50 @@
+/* Elementwise steps of the decoder layer, fused (contbatch.engine.native).
+
+   add_rms_norm: for each of `rows` rows of n floats, x += delta (when delta is not NULL), then
+   y = weight * (x / sqrt(mean(x^2) + eps)): transformers' residual add and LlamaRMSNorm in one
+   pass over the row (x and y distinct).
+   silu_mul: out[r, i] = silu(gate_up[r, i]) * gate_up[r, n + i], the gated MLP's activation
+   (gate_up [rows, 2n], out [rows, n]), silu(x) = x * sigmoid(x) with sigmoid from exp(-|x|).
+
+   Float32, contiguous rows. Large calls (prefill) split their rows over `num_threads` OpenMP
+   threads, torch's own (the loader checks that the runtime is torch's libgomp); a decode step's
+   few rows run on the calling thread, which costs less than waking the team. */
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exp_nonpositive.h"
+
+enum { PARALLEL_ELEMENTS = 1 << 16 };
+
+void add_rms_norm(float *x, const float *delta, const float *weight, float *y, int64_t rows, int64_t n, float eps,
+                  int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * n >= PARALLEL_ELEMENTS)
+  for (int64_t r = 0; r < rows; r++) {
+    float *xr = x + r * n, *yr = y + r * n, squares = 0.f;
+    if (delta != NULL) {
+      const float *dr = delta + r * n;
+#pragma omp simd
+      for (int64_t i = 0; i < n; i++) xr[i] += dr[i];
+    }
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < n; i++) squares += xr[i] * xr[i];
+    const float inverse = 1.f / sqrtf(squares / (float)n + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) yr[i] = weight[i] * (xr[i] * inverse);
+  }
+}
+
+void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t n, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * n >= PARALLEL_ELEMENTS)
+  for (int64_t r = 0; r < rows; r++) {
+    const float *gate = gate_up + r * 2 * n, *up = gate + n;
+    float *o = out + r * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+      const float g = gate[i], e = exp_nonpositive(g > 0.f ? -g : g); /* exp(-|g|) */
+      o[i] = (g > 0.f ? g : g * e) / (1.f + e) * up[i];
+    }
+  }
+}
