@@ -16,7 +16,16 @@ import torch
 
 from contbatch.engine import attention, native
 from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_metadata, paged_attention, windowed
-from contbatch.engine.native import FLAGS, add_rms_norm, decode_kernel, load_library, paged_decode, silu_mul
+from contbatch.engine.native import (
+    FLAGS,
+    add_rms_norm,
+    decode_kernel,
+    load_library,
+    pack_panels,
+    paged_decode,
+    panel_product,
+    silu_mul,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None or not Path("/proc/self/maps").exists(),
@@ -48,7 +57,7 @@ def kernel_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """Each build of the kernels in turn: for this CPU (the attention's AVX2 loops here, for head
     dims that are multiples of 8), and its portable loops alone (what other CPUs run), put in its place."""
     if request.param == "portable":
-        portable = load_library((*FLAGS, "-DPAGED_DECODE_PORTABLE"))
+        portable = load_library((*FLAGS, "-DCONTBATCH_NATIVE_PORTABLE"))
         monkeypatch.setattr(native, "native_library", lambda: portable)
     return str(request.param)
 
@@ -119,6 +128,29 @@ def test_silu_mul_is_the_gated_activation(rows: int) -> None:
     out = silu_mul(gate_up)
     assert out is not None
     torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("out_features", "in_features"), [(640, 384), (100, 40), (16, 1), (5, 7)])
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 13, 300])
+@pytest.mark.usefixtures("kernel_build")
+def test_panel_product_is_the_matrix_product(out_features: int, in_features: int, rows: int) -> None:
+    """Full panels of 16 columns and a narrower last one; row tiles of 6 and every remainder; both
+    builds (the AVX2 loops, and the portable ones where `gemm_vectorised` is 0)."""
+    torch.manual_seed(out_features + rows)
+    weight = torch.randn(out_features, in_features) * in_features**-0.5  # (outputs of about 1, as a model's)
+    x = torch.randn(rows, in_features)
+    packed = pack_panels(weight)
+    assert packed.shape == (out_features * in_features,)
+    torch.testing.assert_close(panel_product(x, packed), x @ weight.t(), atol=1e-5, rtol=1e-5)
+
+
+def test_panel_product_refuses_what_does_not_fit() -> None:
+    packed = pack_panels(torch.randn(8, 6))
+    for x in (torch.randn(3, 5), torch.randn(3, 6).double(), torch.randn(3, 0)):
+        with pytest.raises(ValueError, match="does not fit a panel-packed weight"):
+            panel_product(x, packed)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        pack_panels(torch.randn(6, 8).t())
 
 
 def test_fused_kernels_leave_what_they_do_not_read_to_torch() -> None:

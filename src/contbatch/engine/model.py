@@ -2,10 +2,10 @@
 `model_type` of `contbatch.engine.spec.ARCHITECTURES` (their differences are `ModelSpec` fields).
 
 What it owns: the weights, each matrix laid out once for the device's matmul
-(`contbatch.engine.linear.pack_weight`: oneDNN-packed on CPU, pre-transposed `[in, out]`
-elsewhere; the `*_t` fields and `lm_head_t` hold that operand), with q/k/v fused into one matrix
-and gate/up into another, and `forward`, which runs one step: flat token ids and positions in,
-logits out only for the rows that are sampled.
+(`contbatch.engine.linear.pack_weight`: in the native kernels' column panels or oneDNN-packed
+on CPU, pre-transposed `[in, out]` elsewhere; the `*_t` fields and `lm_head_t` hold that
+operand), with q/k/v fused into one matrix and gate/up into another, and `forward`, which runs
+one step: flat token ids and positions in, logits out only for the rows that are sampled.
 
 Numerics follow transformers: RMSNorm in float32 then cast back, cos/sin computed in float32 and
 cast to the model dtype, softmax inside scaled-dot-product attention. On the CPU in float32 the
@@ -130,11 +130,9 @@ class LlamaModel:
             self.lm_head_t = pack_weight(head, self.device, self.dtype)
             # A one-row step (a lone decode) multiplies the head, the largest matrix, as a
             # matrix-vector product, which MKL streams from the plain [in, out] matrix at memory
-            # speed and oneDNN's packed kernel about 30 % slower: a packed head keeps that copy too.
+            # speed and oneDNN's packed kernel about 30 % slower: a oneDNN head keeps that copy too.
             self.lm_head_row_t = (
-                head.to(device=self.device, dtype=self.dtype).t().contiguous()
-                if self.lm_head_t.is_mkldnn
-                else self.lm_head_t
+                head.to(device=self.device, dtype=self.dtype).t().contiguous() if self.lm_head_t.is_mkldnn else None
             )
         self.rotary = RotaryEmbedding(spec, dtype=self.dtype, device=self.device)
         self.scale = spec.head_dim**-0.5
@@ -214,4 +212,6 @@ class LlamaModel:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [R, H] (final-normalised) times the LM head; one row through the plain matrix."""
-        return h @ self.lm_head_row_t if h.shape[0] == 1 else linear(h, self.lm_head_t)
+        if h.shape[0] == 1 and self.lm_head_row_t is not None:
+            return h @ self.lm_head_row_t
+        return linear(h, self.lm_head_t)

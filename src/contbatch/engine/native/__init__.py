@@ -6,7 +6,7 @@ the decoder layer's elementwise steps fused.
   longest and masks the rest, then runs scaled-dot-product attention; the kernel reads each key
   and value once where it lies, each row over its own keys only. On a CPU with AVX2 and FMA its
   inner loops are vector code written for them (eight keys' scores at a time); elsewhere, and in
-  the build `load_library` makes with `-DPAGED_DECODE_PORTABLE`, plain loops that the compiler
+  the build `load_library` makes with `-DCONTBATCH_NATIVE_PORTABLE`, plain loops that the compiler
   vectorises.
 - `add_rms_norm`, `silu_mul` (`fused.c`): the residual add with the next RMSNorm, and the gated
   MLP's silu(gate) * up, each one pass over the rows instead of torch's five to seven operations
@@ -51,7 +51,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "paged_decode.c", HERE / "fused.c")  # built into one library
+SOURCES = (HERE / "paged_decode.c", HERE / "fused.c", HERE / "gemm.c")  # built into one library
 HEADERS = (HERE / "exp_nonpositive.h",)
 # -fno-trapping-math: no floating-point operation here traps, and the compiler may then vectorise
 # the exponential (its clamp is a comparison)
@@ -74,6 +74,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     # x, delta, weight, y, rows, n, eps, num_threads
     "add_rms_norm": ([_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT], None),
     "silu_mul": ([_PTR, _PTR, _I64, _I64, _INT], None),  # gate_up, out, rows, n, num_threads
+    "gemm_vectorised": ([], _INT),
+    "pack_panels": ([_PTR, _I64, _I64, _PTR], None),  # w, N, K, packed
+    "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT], None),  # a, lda, packed, c, M, N, K, num_threads
 }  # fmt: skip
 
 DecodeKernel = Callable[..., int]
@@ -98,7 +101,7 @@ def native_library() -> ctypes.CDLL | None:
 
 def load_library(flags: tuple[str, ...]) -> ctypes.CDLL:
     """The library built with `flags` (cached; NativeUnavailable if it cannot be built), its
-    functions typed. `FLAGS` + ("-DPAGED_DECODE_PORTABLE",) builds only the attention's portable
+    functions typed. `FLAGS` + ("-DCONTBATCH_NATIVE_PORTABLE",) builds only the attention's portable
     loops, which a CPU without AVX2 and FMA runs."""
     library = ctypes.CDLL(str(_built(flags)))
     for name, (argtypes, restype) in _SIGNATURES.items():
@@ -246,4 +249,44 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = gate_up.new_empty((rows, width))
     library.silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width, torch.get_num_threads())
+    return out
+
+
+def panel_packing() -> bool:
+    """Whether weights are best packed in panels here: the kernels run, with their AVX2 and FMA
+    loops (`gemm.c`; elsewhere oneDNN's packed products are faster than its plain loops)."""
+    library = native_library()
+    return library is not None and library.gemm_vectorised() == 1
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 weight [N, K] on the CPU as `gemm.c`'s column panels: a 1-D tensor of N * K floats."""
+    library = native_library()
+    if library is None:
+        raise NativeUnavailable("the native kernels are off: weights cannot be packed in panels")
+    if weight.dim() != 2 or not _flat_float32(weight):
+        raise ValueError(
+            f"a panel-packed weight is a contiguous float32 [out, in] CPU matrix, got {tuple(weight.shape)}"
+        )
+    packed = weight.new_empty(weight.numel())
+    library.pack_panels(weight.data_ptr(), weight.shape[0], weight.shape[1], packed.data_ptr())
+    return packed
+
+
+def panel_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [M, K] times the weight `pack_panels` packed (transposed): a new contiguous [M, N] tensor."""
+    library = native_library()
+    if library is None:
+        raise NativeUnavailable("the native kernels are off: a panel-packed weight cannot be multiplied")
+    rows, width = x.shape
+    if x.dtype != torch.float32 or x.device.type != "cpu" or width == 0 or packed.numel() % width:
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit a panel-packed weight of {packed.numel()} floats")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = x.new_empty((rows, packed.numel() // width))
+    if rows:
+        threads = torch.get_num_threads()
+        library.gemm_panels(
+            x.data_ptr(), x.stride(0), packed.data_ptr(), out.data_ptr(), rows, out.shape[1], width, threads
+        )
     return out

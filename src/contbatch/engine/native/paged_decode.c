@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "exp_nonpositive.h"
-#if defined(__AVX2__) && defined(__FMA__) && !defined(PAGED_DECODE_PORTABLE)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(CONTBATCH_NATIVE_PORTABLE)
 #include <immintrin.h>
 #define PAGED_DECODE_AVX2 1
 #endif

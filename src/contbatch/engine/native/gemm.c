@@ -1,0 +1,107 @@
+/* Matrix products against weights packed once into column panels (contbatch.engine.native).
+
+   pack_panels lays a weight w [N, K] (transformers' [out, in]) out as panels of NR = 16 output
+   columns: panel p (columns [16 p, 16 p + width)) is [K, width] contiguous, width 16 but for the
+   last, N % 16, so the packed weight has exactly N * K floats. gemm_panels computes
+   c[M, N] = a[M, K] . w^T (a's rows lda floats apart, K contiguous; c contiguous): each panel,
+   read once from memory and kept in cache, is multiplied by every tile of 6 rows of a, the tile's
+   6 x 16 sums held in twelve AVX2 registers over all of K (each product's terms added in k order,
+   fused multiply-adds). Panels are split over `num_threads` OpenMP threads (torch's, as for the
+   other kernels). gemm_vectorised() says whether this build has the AVX2 and FMA loops (the
+   engine packs its weights this way only then); without them gemm_panels runs plain loops, right
+   but slow. */
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__) && !defined(CONTBATCH_NATIVE_PORTABLE)
+#include <immintrin.h>
+#define GEMM_AVX2 1
+#endif
+
+enum { NR = 16, MR = 6 };
+
+int gemm_vectorised(void) {
+#ifdef GEMM_AVX2
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+void pack_panels(const float *w, int64_t N, int64_t K, float *packed) {
+  for (int64_t first = 0; first < N; first += NR) {
+    const int64_t width = N - first < NR ? N - first : NR;
+    float *panel = packed + first * K;
+    for (int64_t k = 0; k < K; k++)
+      for (int64_t j = 0; j < width; j++) panel[k * width + j] = w[(first + j) * K + k];
+  }
+}
+
+/* c[r, j] = sum over k of a[r, k] * panel[k, j], for r < rows, j < width */
+static void tile_portable(const float *a, int64_t lda, const float *panel, int64_t K, int64_t width, float *c,
+                          int64_t ldc, int64_t rows) {
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t j = 0; j < width; j++) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < K; k++) sum += a[r * lda + k] * panel[k * width + j];
+      c[r * ldc + j] = sum;
+    }
+}
+
+#ifdef GEMM_AVX2
+#define ROW_DECLARE(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps();
+#define ROW_MULTIPLY(r)                                    \
+  if (rows > r) {                                          \
+    const __m256 x = _mm256_broadcast_ss(a + r * lda + k); \
+    c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0);             \
+    c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);             \
+  }
+#define ROW_STORE(r)                              \
+  if (rows > r) {                                 \
+    _mm256_storeu_ps(c + r * ldc, c##r##0);       \
+    _mm256_storeu_ps(c + r * ldc + 8, c##r##1);   \
+  }
+
+/* tile_portable for a full panel (width 16), rows <= 6 a constant where it is inlined */
+static inline __attribute__((always_inline)) void tile16(const float *a, int64_t lda, const float *panel, int64_t K,
+                                                         float *c, int64_t ldc, const int rows) {
+  ROW_DECLARE(0) ROW_DECLARE(1) ROW_DECLARE(2) ROW_DECLARE(3) ROW_DECLARE(4) ROW_DECLARE(5)
+  for (int64_t k = 0; k < K; k++) {
+    const __m256 b0 = _mm256_loadu_ps(panel + k * NR), b1 = _mm256_loadu_ps(panel + k * NR + 8);
+    ROW_MULTIPLY(0) ROW_MULTIPLY(1) ROW_MULTIPLY(2) ROW_MULTIPLY(3) ROW_MULTIPLY(4) ROW_MULTIPLY(5)
+  }
+  ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
+}
+
+static void panel_rows(const float *a, int64_t lda, const float *panel, int64_t K, float *c, int64_t ldc, int64_t M) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) tile16(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR);
+  const float *am = a + m * lda;
+  float *cm = c + m * ldc;
+  switch (M - m) { /* (each case inlines tile16 for its row count) */
+    case 5: tile16(am, lda, panel, K, cm, ldc, 5); break;
+    case 4: tile16(am, lda, panel, K, cm, ldc, 4); break;
+    case 3: tile16(am, lda, panel, K, cm, ldc, 3); break;
+    case 2: tile16(am, lda, panel, K, cm, ldc, 2); break;
+    case 1: tile16(am, lda, panel, K, cm, ldc, 1); break;
+    default: break;
+  }
+}
+#endif
+
+void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
+                 int num_threads) {
+  const int64_t panels = (N + NR - 1) / NR;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+  for (int64_t p = 0; p < panels; p++) {
+    const int64_t first = p * NR, width = N - first < NR ? N - first : NR;
+    const float *panel = packed + first * K;
+#ifdef GEMM_AVX2
+    if (width == NR) {
+      panel_rows(a, lda, panel, K, c + first, N, M);
+      continue;
+    }
+#endif
+    tile_portable(a, lda, panel, K, width, c + first, N, M);
+  }
+}
