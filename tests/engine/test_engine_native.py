@@ -135,7 +135,7 @@ def test_silu_mul_is_the_gated_activation(rows: int) -> None:
 @pytest.mark.usefixtures("kernel_build")
 def test_panel_product_is_the_matrix_product(out_features: int, in_features: int, rows: int) -> None:
     """Full panels of 16 columns and a narrower last one; row tiles of 6 and every remainder; both
-    builds (the AVX2 loops, and the portable ones where `gemm_vectorised` is 0)."""
+    builds (the AVX2 loops, and the portable ones)."""
     torch.manual_seed(out_features + rows)
     weight = torch.randn(out_features, in_features) * in_features**-0.5  # (outputs of about 1, as a model's)
     x = torch.randn(rows, in_features)

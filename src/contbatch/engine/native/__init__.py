@@ -74,7 +74,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     # x, delta, weight, y, rows, n, eps, num_threads
     "add_rms_norm": ([_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT], None),
     "silu_mul": ([_PTR, _PTR, _I64, _I64, _INT], None),  # gate_up, out, rows, n, num_threads
-    "gemm_vectorised": ([], _INT),
+    "gemm_preferred": ([], _INT),
     "pack_panels": ([_PTR, _I64, _I64, _PTR], None),  # w, N, K, packed
     "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT], None),  # a, lda, packed, c, M, N, K, num_threads
 }  # fmt: skip
@@ -254,9 +254,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
 
 def panel_packing() -> bool:
     """Whether weights are best packed in panels here: the kernels run, with their AVX2 and FMA
-    loops (`gemm.c`; elsewhere oneDNN's packed products are faster than its plain loops)."""
+    loops, on a CPU without AVX-512 (`gemm.c`'s `gemm_preferred`; elsewhere oneDNN's packed
+    products are the faster)."""
     library = native_library()
-    return library is not None and library.gemm_vectorised() == 1
+    return library is not None and library.gemm_preferred() == 1
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:

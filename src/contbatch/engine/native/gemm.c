@@ -7,9 +7,9 @@
    read once from memory and kept in cache, is multiplied by every tile of 6 rows of a, the tile's
    6 x 16 sums held in twelve AVX2 registers over all of K (each product's terms added in k order,
    fused multiply-adds). Panels are split over `num_threads` OpenMP threads (torch's, as for the
-   other kernels). gemm_vectorised() says whether this build has the AVX2 and FMA loops (the
-   engine packs its weights this way only then); without them gemm_panels runs plain loops, right
-   but slow. */
+   other kernels). gemm_preferred() says whether the engine should pack its weights this way:
+   this build has the AVX2 and FMA loops, and the CPU has no AVX-512 (where oneDNN's products
+   use vectors twice as wide). Without AVX2 gemm_panels runs plain loops, right but slow. */
 
 #include <stdint.h>
 #include <string.h>
@@ -20,8 +20,8 @@
 
 enum { NR = 16, MR = 6 };
 
-int gemm_vectorised(void) {
-#ifdef GEMM_AVX2
+int gemm_preferred(void) {
+#if defined(GEMM_AVX2) && !defined(__AVX512F__)
   return 1;
 #else
   return 0;
