@@ -7,8 +7,8 @@ reads, and `linear(x, packed, bias)` is `x @ w.T + bias` on it. The layouts (`PA
 - `panels`, float32 on a CPU whose native kernels run with AVX2 and FMA and that has no AVX-512
   (whose wider vectors oneDNN would use; `contbatch.engine.native`, `gemm.c`): columns in panels
   of 16, a 1-D tensor of out x in floats, multiplied by the native kernel, tiles of 6 rows x 16
-  columns in registers. On the demo model's shapes it runs at the machine's matmul peak, 1.1-1.5
-  x oneDNN's packed product at 8-2,048 rows and 2-3 x at one row (a row through the LM head: as
+  columns in registers. On the demo model's shapes it runs near the machine's matmul peak,
+  1.1-2 x oneDNN's packed product at 8-2,048 rows and 2-3 x at one row (a row through the LM head: as
   fast as MKL's matrix-vector product from a plain copy, which this layout does not keep).
 - `onednn`, float32 on a CPU build with oneDNN elsewhere: the weight reordered once into oneDNN's
   blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, an opaque mkldnn tensor of logical

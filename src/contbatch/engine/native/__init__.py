@@ -1,5 +1,5 @@
-"""The engine's native CPU kernels: decode attention read in place from the paged KV cache, and
-the decoder layer's elementwise steps fused.
+"""The engine's native CPU kernels: decode attention read in place from the paged KV cache, the
+decoder layer's elementwise steps fused, and matrix products against weights packed in panels.
 
 - `paged_decode` (`paged_decode.c`): the torch path of `contbatch.engine.attention` copies every
   decode row's keys and values out of their blocks (one gather per layer), pads the rows to the
@@ -11,6 +11,9 @@ the decoder layer's elementwise steps fused.
 - `add_rms_norm`, `silu_mul` (`fused.c`): the residual add with the next RMSNorm, and the gated
   MLP's silu(gate) * up, each one pass over the rows instead of torch's five to seven operations
   (at a decode step's few rows, their dispatch is most of their cost).
+- `pack_panels`, `panel_product` (`gemm.c`): weights in 16-column panels and their product, the
+  `panels` layout of `contbatch.engine.linear` where `panel_packing()` says it is the faster
+  (AVX2 and FMA, no AVX-512).
 
 They are C compiled on first use by the machine's compiler (`$CC`, else `cc`) with `FLAGS`
 (`-O3 -march=native -fopenmp`, ...) into one library, called through ctypes. `native_library()`
@@ -28,8 +31,8 @@ starting at once never load a half-written file.
 Invariant: each kernel's output equals its torch path's to float32 rounding (different summation
 orders, an exponential within about 1 ulp; `tests/engine/test_engine_native.py` holds both
 builds within 1e-5 on every attention shape the engine runs: grouped-query, multi-query and
-multi-head, windows, rows of different contexts; and the fused steps against transformers'
-formulas).
+multi-head, windows, rows of different contexts; the fused steps against transformers'
+formulas; the panel product against torch's).
 """
 
 from __future__ import annotations
