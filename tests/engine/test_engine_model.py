@@ -12,6 +12,7 @@ import torch
 from contbatch.core.outputs import ScheduledChunk
 from contbatch.engine.attention import ChunkLayout, build_metadata
 from contbatch.engine.kv_cache import PagedKVCache
+from contbatch.engine.linear import onednn_packing
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.runner import ModelRunner, SequenceState
 from contbatch.engine.spec import ARCHITECTURES
@@ -76,11 +77,14 @@ def _run(runner: ModelRunner, tokens: Sequence[int], table: Sequence[int], spans
 @pytest.fixture(params=["native", "torch"])
 def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The native kernels where they run (`contbatch.engine.native`), or every torch path in
-    their place (what CUDA, other dtypes and machines without a compiler run)."""
+    their place, weights in oneDNN's layout where torch has it (what CUDA, other dtypes, AVX-512
+    CPUs and machines without a compiler run)."""
     if request.param == "torch":
         monkeypatch.setattr("contbatch.engine.attention.paged_decode", lambda *args, **kwargs: False)
         monkeypatch.setattr("contbatch.engine.model.add_rms_norm", lambda *args: None)
         monkeypatch.setattr("contbatch.engine.model.silu_mul", lambda *args: None)
+        cpu_layout = "onednn" if onednn_packing(torch.device("cpu"), torch.float32) else "transposed"
+        monkeypatch.setattr("contbatch.engine.linear.weight_layout", lambda *args: cpu_layout)
     return str(request.param)
 
 

@@ -98,14 +98,14 @@ def native_library() -> ctypes.CDLL | None:
         _check_openmp()
         return load_library(FLAGS)
     except (NativeUnavailable, OSError, RuntimeError) as exc:  # (RuntimeError: no home directory for the cache)
-        log.warning("the engine's native kernels are off (%s): attention gathers the cache", exc)
+        log.warning("the engine's native kernels are off (%s): the torch paths run", exc)
         return None
 
 
 def load_library(flags: tuple[str, ...]) -> ctypes.CDLL:
     """The library built with `flags` (cached; NativeUnavailable if it cannot be built), its
-    functions typed. `FLAGS` + ("-DCONTBATCH_NATIVE_PORTABLE",) builds only the attention's portable
-    loops, which a CPU without AVX2 and FMA runs."""
+    functions typed. `FLAGS` + ("-DCONTBATCH_NATIVE_PORTABLE",) builds only the portable loops of
+    the attention and the panel product, which a CPU without AVX2 and FMA runs."""
     library = ctypes.CDLL(str(_built(flags)))
     for name, (argtypes, restype) in _SIGNATURES.items():
         function = getattr(library, name)
