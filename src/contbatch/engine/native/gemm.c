@@ -12,7 +12,6 @@
    use vectors twice as wide). Without AVX2 gemm_panels runs plain loops, right but slow. */
 
 #include <stdint.h>
-#include <string.h>
 #if defined(__AVX2__) && defined(__FMA__) && !defined(CONTBATCH_NATIVE_PORTABLE)
 #include <immintrin.h>
 #define GEMM_AVX2 1
