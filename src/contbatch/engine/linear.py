@@ -47,7 +47,8 @@ def onednn_packing(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def weight_layout(device: torch.device, dtype: torch.dtype) -> str:
-    """The fastest layout of `PACKERS` for `device` and `dtype` (module docstring)."""
+    """The fastest layout of `PACKERS` for `device` and `dtype` (module docstring). For the CPU in
+    float32 asking builds (or finds off) the native kernels: at load, not in the first step."""
     if device.type == "cpu" and dtype == torch.float32 and native.panel_packing():
         return "panels"
     return "onednn" if onednn_packing(device, dtype) else "transposed"

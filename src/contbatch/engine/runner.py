@@ -61,7 +61,6 @@ from contbatch.engine.device import resolve_device, synchronize
 from contbatch.engine.kv_cache import PagedKVCache, num_blocks_for_memory
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.model import LlamaModel, resolve_dtype
-from contbatch.engine.native import decode_kernel
 from contbatch.engine.sampling import History, Prepared, Sampler, logprobs_of
 from contbatch.engine.spec import ModelSpec
 from contbatch.loop.executor import StepError
@@ -190,8 +189,6 @@ class ModelRunner:
         self.eos_token_ids = frozenset(spec.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.sampler = Sampler(seed)
         self._generators: dict[str, torch.Generator] = {}
-        if self.device.type == "cpu" and kv_cache.dtype == torch.float32:
-            decode_kernel()  # built (or found off) now, not in the first decode step
 
     @classmethod
     def from_checkpoint(
