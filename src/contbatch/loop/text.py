@@ -2,13 +2,37 @@
 implementation the loop applies to every request that has text (the engine's and the server's).
 
 `IncrementalDetokenizer` turns a growing list of output token ids into text deltas. It decodes a
-small window (a few tokens of already-emitted context plus the new ones) and emits only the part
-after the context, so spacing rules that depend on the previous token (SentencePiece's leading
-space) come out right. A delta is held back while the window's text ends in U+FFFD: a byte-level
-token that ends inside a multi-byte UTF-8 character is never emitted half; the next token
-completes it. Invariant (for a prompt that ends on a character boundary): the concatenated deltas
-plus `flush()` equal `decode(prompt + output)[len(decode(prompt)):]`, the text the output adds;
-for byte-level BPE that is exactly `decode(output)`.
+small window, a context (the tokens of the last delta; at first the prompt's last few) plus the
+tokens not emitted yet, and emits only the part after the context's text, so spacing rules that
+depend on the previous token (SentencePiece's leading space) come out right. A delta is held back
+while it is "" or ends in U+FFFD: a byte-level token that ends inside a multi-byte UTF-8 character
+is never emitted half; the next token completes it.
+
+Held-back tokens are bounded, so that a long run of tokens that add no character (special tokens
+skipped under `ignore_eos`, byte tokens that never complete a character) costs linear time, not
+quadratic. An `add` that finds `MAX_HELD_TOKENS` or more held back first releases all but the last
+1 to 3 of them (a character is at most 4 bytes: at most 3 of its byte tokens can be waiting for
+the next one). It emits the longest such leading part whose delta is final (neither "" nor ending in
+U+FFFD), the delta a smaller `add` would have emitted there, and makes it the context. If there is
+none, it gives up on all but the last 3: it emits their delta as it stands ("" or ending in U+FFFD)
+and drops them from the window, keeping the context, so the tokens after them decode after the same
+context as if the dropped ones were not there (a SentencePiece leading space after a run of skipped
+special tokens survives). The context's text is cached until the context changes, so each `add`
+makes one decode (one more right after a delta, up to three more while releasing), each of at most
+the context, `MAX_HELD_TOKENS` held tokens and the tokens of this `add` and the previous one.
+
+Invariant (for a prompt that ends on a character boundary): the concatenated deltas plus `flush()`
+equal `decode(prompt + output)[len(decode(prompt)):]`, the text the output adds; for byte-level BPE
+that is exactly `decode(output)`. The bound changes that only where an `add` gives up on held tokens
+that are not all special tokens the decode skips (dropping those changes nothing: they add no text
+either way). An `add` gives up only when `MAX_HELD_TOKENS` or more tokens are held and their text,
+with any of the last 1 to 3 left out, still is "" or ends inside a character: that takes a character
+not completed within 4 tokens, i.e. bytes that never form one, or skipped special tokens among the
+bytes of one. Output without such a character is never changed, whatever the sizes of the adds.
+Where it gives up, the output is cut in two, each side decoded after the same context: for
+byte-level BPE, `decode(a) + decode(b)` instead of `decode(a + b)`, so a character whose bytes
+straddle the cut comes out as U+FFFD on both sides of it (a run of lone bytes, each its own U+FFFD,
+comes out the same either way).
 
 `StopChecker` finds stop strings across delta boundaries: it holds back the longest tail that
 could still begin a stop string, so a streamed client never sees text that a later stop string
@@ -23,6 +47,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 _REPLACEMENT = "\ufffd"
+
+MAX_HELD_TOKENS = 16
+"""Held-back tokens an `add` tolerates before it releases them (see the module docstring): well
+above the 3 that one character's byte tokens can hold back, so that only a run of 13 or more tokens
+that complete no character is ever given up on, and small enough that the window stays short."""
+
+_KEPT_ON_RELEASE = 3  # a UTF-8 character is at most 4 bytes: at most 3 byte tokens wait for the next
 
 
 class Decoder(Protocol):
@@ -44,9 +75,11 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        self._ids: list[int] = list(prompt_token_ids[-num_context_tokens:]) if num_context_tokens else []
-        self._prefix_offset = 0  # window start: context tokens already emitted
-        self._read_offset = len(self._ids)  # tokens before this are emitted
+        # the window: context (emitted tokens, decoded for their spacing) + held-back tokens
+        self._window: list[int] = list(prompt_token_ids[-num_context_tokens:]) if num_context_tokens else []
+        self._num_context = len(self._window)
+        self._context_text: str | None = None  # decode of the context; None until decoded
+        self._held_text = ""  # the text the held-back tokens add ("" or ending in U+FFFD)
         self._pieces: list[str] = []
         self.token_ids: list[int] = []  # output ids only
 
@@ -58,30 +91,62 @@ class IncrementalDetokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
-    def _pending_delta(self) -> str:
-        prefix = self._decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset :])
+    def _delta(self, end: int) -> str:
+        """The text `self._window[:end]` adds after the context ("" when it does not extend it)."""
+        if self._context_text is None:
+            self._context_text = self._decode(self._window[: self._num_context])
+        prefix = self._context_text
+        window = self._window
+        full = self._decode(window if end == len(window) else window[:end])
         return full[len(prefix) :] if len(full) > len(prefix) and full.startswith(prefix) else ""
+
+    def _advance(self, end: int) -> None:
+        """`self._window[num_context:end]` is emitted: those tokens become the context."""
+        del self._window[: self._num_context]
+        self._num_context = end - self._num_context
+        self._context_text, self._held_text = None, ""
+
+    def _release(self) -> str:
+        """Too many tokens held back: emit all but the last 1 to 3 (see the module docstring)."""
+        end, delta = len(self._window), ""
+        for _ in range(_KEPT_ON_RELEASE):
+            end -= 1
+            delta = self._delta(end)
+            if delta and not delta.endswith(_REPLACEMENT):
+                self._advance(end)
+                return delta
+        del self._window[self._num_context : end]  # give up on them; the context (and its text) stays
+        return delta
 
     def add(self, token_ids: Iterable[int]) -> str:
         """Append output tokens; return the new text that is final (possibly "")."""
         new = list(token_ids)
-        self._ids.extend(new)
         self.token_ids.extend(new)
-        delta = self._pending_delta()
-        if not delta or delta.endswith(_REPLACEMENT):
+        released = ""
+        if len(self._window) - self._num_context >= MAX_HELD_TOKENS:
+            released = self._release()  # then 1 to 3 tokens are still held: decode below
+        elif not new:
             return ""
-        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        self._pieces.append(delta)
+        window = self._window
+        window.extend(new)
+        delta = self._delta(len(window))
+        if delta and not delta.endswith(_REPLACEMENT):  # emitted: its tokens become the context
+            self._advance(len(window))
+        else:
+            self._held_text, delta = delta, ""
+        if released:
+            delta = released + delta
+        if delta:
+            self._pieces.append(delta)
         return delta
 
     def flush(self) -> str:
         """At the end of the request: whatever is still held back (an incomplete last character decodes as U+FFFD)."""
-        delta = self._pending_delta()
-        self._prefix_offset = self._read_offset = len(self._ids)
-        if delta:
-            self._pieces.append(delta)
-        return delta
+        text, self._held_text = self._held_text, ""
+        self._window, self._num_context, self._context_text = [], 0, None
+        if text:
+            self._pieces.append(text)
+        return text
 
 
 class StopChecker:
