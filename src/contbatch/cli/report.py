@@ -12,20 +12,18 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from contbatch.cli.options import RunOptions
 from contbatch.core import make_scheduler
-from contbatch.metrics import (
-    format_compare_table,
-    format_group_table,
-    format_number,
-    per_request_table,
-    summarize_by,
-    write_requests_csv,
-    write_requests_jsonl,
-)
-from contbatch.plots import StepPoint, StepSeries, write_run_plots
+from contbatch.metrics import per_request_table
 from contbatch.sim.loop import SimResult, simulate
+
+if TYPE_CHECKING:
+    from contbatch.plots import StepPoint, StepSeries
+
+# (the per-group tables, the exports and the plots are imported where a flag asks for them:
+# `--by`, `--out`, `--plot`; a plain run loads none of them)
 
 UNIT_NAMES = {"s": "seconds", "tick": "ticks"}
 
@@ -42,7 +40,7 @@ def run_all(opts: RunOptions) -> dict[str, Outcome]:
     outcomes: dict[str, Outcome] = {}
     for variant in opts.variants:
         scheduler = make_scheduler(variant.scheduler, variant.config)
-        series = StepSeries() if opts.plot_dir is not None else None
+        series = _step_series() if opts.plot_dir is not None else None
         sim = simulate(
             opts.trace,
             scheduler,
@@ -53,10 +51,22 @@ def run_all(opts: RunOptions) -> dict[str, Outcome]:
         )
         summary = sim.summary(opts.slo)
         summary.update(sim.run_stats())
-        groups = {key: summarize_by(sim.timelines, key, time_unit=sim.time_unit, slo=opts.slo) for key in opts.group_by}
+        groups = {key: _summarize_by(sim, key, opts) for key in opts.group_by}
         steps = tuple(series.points) if series is not None else ()
         outcomes[variant.label] = Outcome(sim, summary, groups, steps)
     return outcomes
+
+
+def _step_series() -> StepSeries:
+    from contbatch.plots import StepSeries
+
+    return StepSeries()
+
+
+def _summarize_by(sim: SimResult, key: str, opts: RunOptions) -> dict[str, dict[str, object]]:
+    from contbatch.metrics.groups import summarize_by
+
+    return summarize_by(sim.timelines, key, time_unit=sim.time_unit, slo=opts.slo)
 
 
 def per_request(sim: SimResult) -> dict[str, dict[str, float | None]]:
@@ -110,6 +120,8 @@ def _changed_fields(config: object, base: object, prefix: str = "") -> list[str]
 
 
 def to_text(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> str:
+    from contbatch.metrics.compare import format_compare_table, format_group_table
+
     changed = _changed_fields(opts.config, opts.preset_config)
     trace = opts.trace
     lines = [
@@ -126,6 +138,8 @@ def to_text(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> str:
 
 
 def _per_request_text(outcomes: Mapping[str, Outcome]) -> str:
+    from contbatch.metrics.compare import format_number
+
     names = list(outcomes)
     tables = {name: per_request(o.sim) for name, o in outcomes.items()}
     ids = list(tables[names[0]]["ttft"])
@@ -144,6 +158,8 @@ def write_plots(opts: RunOptions, outcomes: Mapping[str, Outcome]) -> None:
     """--plot DIR: the request timeline (small traces), latency CDFs, KV usage and batch size."""
     if opts.plot_dir is None:
         return
+    from contbatch.plots import write_run_plots
+
     write_run_plots(
         {name: o.sim.timelines for name, o in outcomes.items()},
         opts.plot_dir,
@@ -158,6 +174,8 @@ def write_out_dir(opts: RunOptions, outcomes: Mapping[str, Outcome], document: M
     write_plots(opts, outcomes)
     if opts.out_dir is None:
         return
+    from contbatch.metrics.export import write_requests_csv, write_requests_jsonl
+
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     (opts.out_dir / "results.json").write_text(to_json(document) + "\n")
     for name, outcome in outcomes.items():

@@ -164,6 +164,16 @@ def assemble_trace(
     `field_names`: see `schema.check_whole_ticks`)."""
     if not located:
         raise TraceError("empty trace: no requests", file=label)
+    if time_unit == "tick" or len({request.request_id for _, request in located}) != len(located):
+        _check_rows(label, located, time_unit, field_names)  # (ids all distinct in seconds: nothing to name)
+    return Trace(name=name, requests=tuple(r for _, r in located), time_unit=time_unit, source=source)
+
+
+def _check_rows(
+    label: str, located: Sequence[tuple[int, TraceRequest]], time_unit: str, field_names: Mapping[str, str]
+) -> None:
+    """`assemble_trace`'s checks row by row: the first duplicate id, or in ticks the first
+    fractional time, as a `TraceError` naming its line(s)."""
     first_line: dict[str, int] = {}
     for line, request in located:
         previous = first_line.setdefault(request.request_id, line)
@@ -173,7 +183,6 @@ def assemble_trace(
             field = fractional_tick_time(request)
             if field is not None:
                 raise Where(label, line).error(tick_time_problem(request, field), field_names.get(field, field))
-    return Trace(name=name, requests=tuple(r for _, r in located), time_unit=time_unit, source=source)
 
 
 def load_file(

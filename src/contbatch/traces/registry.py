@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 from contbatch.traces._common import (
@@ -39,13 +38,12 @@ from contbatch.traces._common import (
     default_name,
     read_text,
 )
-from contbatch.traces.azure import AZURE_HEADER, parse_azure_csv
-from contbatch.traces.burstgpt import BURSTGPT_HEADER, parse_burstgpt_csv
-from contbatch.traces.canonical_csv import parse_canonical_csv
 from contbatch.traces.jsonl import load_jsonl
 from contbatch.traces.scenarios import SCENARIOS
 from contbatch.traces.schema import Trace, TraceError, TraceRequest, check_whole_ticks
-from contbatch.traces.vidur import VIDUR_COLUMNS, parse_vidur_csv
+
+# (the CSV importers and the package-data reader are imported where a .csv file or the shipped
+# Azure trace is read: loading a JSONL file or a generated trace needs none of them)
 
 AZURE_CODE_FILE = "AzureLLMInferenceTrace_code_2023.csv"
 AZURE_CODE_SOURCE = (
@@ -69,6 +67,10 @@ def _seed_trace() -> Trace:
 
 @functools.cache
 def _azure_code_trace() -> Trace:
+    from importlib import resources
+
+    from contbatch.traces.azure import parse_azure_csv
+
     resource = resources.files("contbatch.traces").joinpath("data").joinpath(AZURE_CODE_FILE)
     text = resource.read_text(encoding="utf-8")
     return parse_azure_csv(text, AZURE_CODE_FILE, name="azure-code", time_unit="s", source=AZURE_CODE_SOURCE)
@@ -115,6 +117,11 @@ def _builtin(name: str, time_unit: str | None) -> Trace:
 
 
 def _load_sniffed_csv(label: str, time_unit: str) -> Trace:
+    from contbatch.traces.azure import AZURE_HEADER, parse_azure_csv
+    from contbatch.traces.burstgpt import BURSTGPT_HEADER, parse_burstgpt_csv
+    from contbatch.traces.canonical_csv import parse_canonical_csv
+    from contbatch.traces.vidur import VIDUR_COLUMNS, parse_vidur_csv
+
     text = read_text(label)
     _, header, _ = csv_table(text, label)
     name = default_name(label)
