@@ -7,7 +7,10 @@ loads the demo model (30M, float32) with --threads threads and measures:
 
 - the decode-only step of B requests at context --context (B in --batches), and (--mixed, the
   default) of B requests whose contexts are spread over [context / 2, 2 context] (rows the torch
-  attention path pads and masks; the roofline at their mean context), as
+  attention path pads and masks; the roofline at their mean context), and (--scattered, the
+  default) of B requests at --context whose KV blocks are drawn at random from the whole cache
+  (a server's block tables once requests have come and gone; the others' blocks follow one
+  another, which the CPU's prefetchers read faster), as
   `engine_vs_hf.decode_step_vs_roofline` does: `ModelRunner.execute` of B single-token chunks,
   wall and process CPU time per step (the median of --steps steps after 3 warm-up steps), and
   the time inside the model's `forward` (the rest is the runner's host work: input building,
@@ -98,9 +101,13 @@ def mixed_contexts(batch: int, context: int) -> list[int]:
     return [low + (high - low) * i // max(batch - 1, 1) for i in range(batch)]
 
 
-def runner_step(runner: Any, contexts: list[int], steps: int, prompt: int = 0) -> dict[str, float]:
+def runner_step(
+    runner: Any, contexts: list[int], steps: int, prompt: int = 0, scatter_seed: int | None = None
+) -> dict[str, float]:
     """Steps of one request at each of `contexts` (engine_vs_hf's decode_step setup): decodes
-    (a token at each context), or with `prompt` > 0 whole prompts of that many tokens (contexts 0)."""
+    (a token at each context), or with `prompt` > 0 whole prompts of that many tokens (contexts 0).
+    Each request's blocks follow one another in the cache, or, with `scatter_seed`, are drawn
+    at random (that seed) from all of the cache's blocks."""
     from contbatch.core.outputs import ScheduledChunk, build_output
     from contbatch.engine.runner import SequenceState
     from contbatch.engine.sampling import SamplingParams
@@ -108,9 +115,13 @@ def runner_step(runner: Any, contexts: list[int], steps: int, prompt: int = 0) -
     bs = runner.kv_cache.block_size
     seqs, chunks, first_block = {}, [], 0
     new_tokens = max(prompt, 1)
+    needed = sum(-(-(context + new_tokens) // bs) for context in contexts)
+    order = list(range(needed))
+    if scatter_seed is not None:
+        order = random.Random(scatter_seed).sample(range(runner.kv_cache.num_blocks), needed)
     for i, context in enumerate(contexts):
         blocks = -(-(context + new_tokens) // bs)
-        table = list(range(first_block, first_block + blocks))
+        table = order[first_block : first_block + blocks]
         first_block += blocks
         seqs[f"d{i}"] = SequenceState([5] * (context + new_tokens), table, SamplingParams(temperature=0.0))
         chunks.append(ScheduledChunk(f"d{i}", context, new_tokens, prompt > 0, True))
@@ -194,8 +205,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result |= {"gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}
     shapes = {f"decode_{b}": [args.context] * b for b in args.batches}
     shapes |= {f"decode_{b}_mixed": mixed_contexts(b, args.context) for b in args.batches if b > 1 and args.mixed}
+    scattered = {f"decode_{b}_scattered" for b in args.batches if b > 1 and args.scattered}
+    shapes |= {name: [args.context] * int(name.split("_")[1]) for name in sorted(scattered)}
     for name, contexts in shapes.items():
-        row = runner_step(runner, contexts, args.steps)
+        row = runner_step(runner, contexts, args.steps, scatter_seed=args.seed if name in scattered else None)
         batch, mean = len(contexts), sum(contexts) / len(contexts)  # (the roofline is linear in the context)
         row["roofline_ms"] = roofline_ms(runner.spec, total, batch, mean, peak=peak, bandwidth=bandwidth)
         row["roofline_mm_ms"] = roofline_ms(runner.spec, multiplied, batch, mean, peak=peak, bandwidth=bandwidth)
@@ -275,6 +288,7 @@ def run_worker_once(src: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--context", str(args.context), "--steps", str(args.steps)]
     cmd += ["--threads", str(args.threads), "--engine-batch", str(args.engine_batch), "--seed", str(args.seed)]
     cmd += ["--batches", *map(str, args.batches), "--mixed" if args.mixed else "--no-mixed"]
+    cmd += ["--scattered" if args.scattered else "--no-scattered"]
     cmd += ["--prefill", "{}x{}".format(*args.prefill)]
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -344,6 +358,11 @@ def main() -> None:
     parser.add_argument(
         "--mixed", action=argparse.BooleanOptionalAction, default=True,
         help="also each batch (> 1) with contexts spread over [context / 2, 2 context] (`mixed_contexts`)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scattered", action=argparse.BooleanOptionalAction, default=True,
+        help="also each batch (> 1) with every request's blocks drawn at random from the whole cache "
+        "(as a server's are once requests have come and gone) instead of one after another",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement (median)")
     parser.add_argument(

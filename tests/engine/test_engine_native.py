@@ -1,5 +1,6 @@
-"""The native decode kernel (`contbatch.engine.native`): equal to the torch path on the shapes the
-engine runs, and off, with the torch path in its place, wherever it cannot be built or used."""
+"""The native kernels (`contbatch.engine.native`): decode and prefill attention equal to the torch
+path on the shapes the engine runs, and off, with the torch path in its place, wherever they
+cannot be built or used."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from contbatch.engine.native import (
     load_library,
     pack_panels,
     paged_decode,
+    paged_prefill,
     panel_product,
     silu_mul,
 )
@@ -102,6 +104,54 @@ def test_peaked_scores_keep_their_weights() -> None:
     meta = build_metadata(layouts, range(24), block_size=16, device=torch.device("cpu"))
     in_place, gathered = _in_place_and_gathered((q * 40.0, k, v), cache, meta, 0.125)
     torch.testing.assert_close(in_place, gathered, atol=1e-4, rtol=1e-4)
+
+
+def _prefill_step(
+    num_heads: int, num_kv_heads: int, head_dim: int, *, block_size: int, seed: int
+) -> tuple[list[ChunkLayout], tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Prefill chunks (whole prompts, and later chunks over a cached prefix; lengths around the
+    kernel's tile of 8 positions) and decodes in one flat batch, over shuffled blocks."""
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    spans = [(0, 37), (5, 2), (0, 1), (100, 9), (0, 8), (61, 1), (16, 70)]  # (start, tokens)
+    num_blocks = sum((start + n) // block_size + 1 for start, n in spans) + 4
+    cache = torch.randn(2, num_kv_heads, num_blocks, block_size, head_dim).permute(0, 2, 3, 1, 4)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    layouts, begin = [], 0
+    for start, n in spans:
+        layouts.append(ChunkLayout(begin, n, start, [free.pop() for _ in range((start + n - 1) // block_size + 1)]))
+        begin += n
+    qkv = torch.randn(begin, num_heads + 2 * num_kv_heads, head_dim)
+    q, k, v = torch.split(qkv, [num_heads, num_kv_heads, num_kv_heads], dim=1)
+    return layouts, (q, k, v), (cache[0], cache[1])
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (32, 8), (12, 1), (8, 8)])
+@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (80, 1), (128, 32), (6, 4)])
+@pytest.mark.usefixtures("kernel_build")
+def test_prefill_chunks_in_place_equal_the_torch_path(
+    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
+    layouts, (q, k, v), cache = _prefill_step(num_heads, num_kv_heads, head_dim, block_size=block_size, seed=head_dim)
+    meta = build_metadata(layouts, range(q.shape[0]), block_size=block_size, device=torch.device("cpu"))
+    assert all(p.block_ids is not None for p in meta.prefills) and len(meta.prefills) == 5
+    chunk = meta.prefills[0]  # the kernel reads it (no silent torch path)
+    out = torch.empty(chunk.num_tokens, num_heads, head_dim)
+    assert paged_prefill(q[: chunk.num_tokens], *cache, block_ids=chunk.block_ids, start=0, scale=0.1, out=out)
+    in_place = paged_attention(q, k, v, (cache[0].clone(), cache[1].clone()), meta, scale=head_dim**-0.5)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "paged_prefill", lambda *args, **kwargs: False)
+        gathered = paged_attention(q, k, v, cache, meta, scale=head_dim**-0.5)
+    torch.testing.assert_close(in_place, gathered, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_refuses_a_table_too_short_and_tensors_it_does_not_read() -> None:
+    _, (q, _, _), cache = _prefill_step(6, 2, 64, block_size=16, seed=0)
+    out = torch.empty(37, 6, 64)
+    with pytest.raises(ValueError, match="cannot hold"):
+        paged_prefill(q[:37], *cache, block_ids=torch.tensor([0, 1]), start=0, scale=0.1, out=out)
+    assert not paged_prefill(q[:37].double(), *cache, block_ids=torch.tensor([0, 1, 2]), start=0, scale=0.1, out=out)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])  # (300 x 384 elements: split over the threads)

@@ -1,16 +1,19 @@
 """The forward step's rewritten pieces give transformers' bits: rotary embedding without the
 rotate-half copy, RMSNorm with its fused weight, the in-place gated MLP product; the decode
-gather index is computed once per step; freed host memory is kept (glibc)."""
+gather index is computed once per step; freed host memory is kept (glibc); the KV cache and
+large packed weights are advised onto huge pages (Linux)."""
 
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from contbatch.engine.attention import ChunkLayout, _head_block_index, build_metadata
-from contbatch.engine.host_memory import retain_freed_memory
+from contbatch.engine.host_memory import HUGE_PAGE, huge_page_empty, retain_freed_memory
 from contbatch.engine.rope import apply_rotary
 
 
@@ -62,3 +65,44 @@ def test_retain_freed_memory_applies_where_glibc_is() -> None:
     on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert retain_freed_memory() is on_glibc
     assert retain_freed_memory() is on_glibc  # once per process: a second call changes nothing
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or not THP.exists(), reason="transparent huge pages are Linux's")
+def test_large_tensors_are_advised_onto_huge_pages() -> None:
+    big = huge_page_empty((9, 1024, 1024), torch.float32)  # 36 MiB
+    assert big.shape == (9, 1024, 1024) and big.dtype == torch.float32 and big.is_contiguous()
+    assert big.data_ptr() % HUGE_PAGE == 0
+    assert "hg" in _vm_flags(big.data_ptr())  # MADV_HUGEPAGE: the kernel may back it with 2 MiB pages
+    big.fill_(2.0)
+    assert big.sum().item() == 2.0 * big.numel()
+    small = huge_page_empty((256, 1024), torch.float32)  # 1 MiB: plain torch.empty (malloc's heap)
+    assert small.shape == (256, 1024) and small.is_contiguous() and small.untyped_storage().nbytes() == 1024**2
+
+
+def test_kv_cache_starts_zeroed_on_huge_pages() -> None:
+    from types import SimpleNamespace
+
+    from contbatch.engine.kv_cache import PagedKVCache
+
+    spec = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=16)  # (all the cache reads of a spec)
+    cache = PagedKVCache(spec, num_blocks=4096, block_size=16)  # type: ignore[arg-type]  # 2x2x2x4096x16x16 floats: 32 MiB
+    keys, values = cache.layer(1)
+    assert not keys.any() and not values.any()
+    if platform.system() == "Linux" and THP.exists():
+        assert "hg" in _vm_flags(keys.data_ptr())

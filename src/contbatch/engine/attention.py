@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from contbatch.engine.native import paged_decode
+from contbatch.engine.native import paged_decode, paged_prefill
 
 # A decode group is split when a request needs this many times the blocks of the group's first
 # (shortest) one, bounding padding waste; below `_MIN_SPLIT_BLOCKS` extra blocks it never splits.
@@ -91,6 +91,11 @@ class PrefillChunk:
     # slots of the keys it reads, positions [first key, start + num_tokens); None: its own new keys only
     context_slots: torch.Tensor | None
     mask: torch.Tensor | None  # [num_tokens, number of keys] bool, True = attend; None: plain causal
+    start: int = 0  # the position of its first token
+    # [blocks] long: its request's blocks holding positions [0, start + num_tokens) (what the
+    # native kernel reads for plain causal attention, `contbatch.engine.native.paged_prefill`);
+    # None under a sliding window (the torch path runs)
+    block_ids: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +170,11 @@ def _build_decode_group(
 
 def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device, window: int | None = None) -> PrefillChunk:
     end = c.start + c.num_tokens
+    blocks = None
+    if window is None:
+        blocks = torch.tensor(list(c.block_table[: -(-end // block_size)]), dtype=torch.long, device=device)
     if c.start == 0 and (window is None or c.num_tokens <= window):
-        return PrefillChunk(c.token_begin, c.num_tokens, None, None)
+        return PrefillChunk(c.token_begin, c.num_tokens, None, None, c.start, blocks)
     first = 0 if window is None else max(0, c.start - window + 1)
     rows = torch.arange(c.start, end, device=device)[:, None]
     keys = torch.arange(first, end, device=device)[None, :]
@@ -174,9 +182,9 @@ def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device, window
     if window is not None:
         mask &= keys > rows - window
     if c.start == 0:
-        return PrefillChunk(c.token_begin, c.num_tokens, None, mask)
+        return PrefillChunk(c.token_begin, c.num_tokens, None, mask, c.start, blocks)
     slots = torch.tensor(chunk_slots(ChunkLayout(0, end - first, first, c.block_table), block_size), device=device)
-    return PrefillChunk(c.token_begin, c.num_tokens, slots, mask)
+    return PrefillChunk(c.token_begin, c.num_tokens, slots, mask, c.start, blocks)
 
 
 def build_metadata(
@@ -298,6 +306,12 @@ def paged_attention(
         out[g.token_begin : g.token_end] = _decode_sdpa(q[g.token_begin : g.token_end], keys, values, g.mask, scale)
     for p in meta.prefills:
         end = p.token_begin + p.num_tokens
+        native = p.block_ids is not None and paged_prefill(
+            q[p.token_begin : end], key_cache, value_cache, block_ids=p.block_ids, start=p.start, scale=scale,
+            out=out[p.token_begin : end],
+        )  # fmt: skip
+        if native:
+            continue  # read in place by the native kernel
         if p.context_slots is None:
             keys, values = k[p.token_begin : end].transpose(0, 1), v[p.token_begin : end].transpose(0, 1)
         else:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from contbatch.engine.device import resolve_device
+from contbatch.engine.host_memory import huge_page_empty
 from contbatch.engine.spec import ModelSpec
 
 _BLOCK_DIM = 3  # the block axis of the storage [num_layers, 2, num_kv_heads, num_blocks, block_size, head_dim]
@@ -64,7 +65,10 @@ class PagedKVCache:
         self.dtype = dtype
         self.device = resolve_device(device)
         shape = (spec.num_layers, 2, spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
-        self._kv = torch.zeros(shape, dtype=dtype, device=self.device)
+        if self.device.type == "cpu":
+            self._kv = huge_page_empty(shape, dtype).zero_()  # (see `huge_page_empty`: blocks read scattered)
+        else:
+            self._kv = torch.zeros(shape, dtype=dtype, device=self.device)
         self._host: dict[str, torch.Tensor] = {}
 
     @classmethod

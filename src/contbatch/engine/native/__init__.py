@@ -51,6 +51,8 @@ from typing import Any
 
 import torch
 
+from contbatch.engine.host_memory import huge_page_empty
+
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
@@ -69,6 +71,16 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
             _PTR, _PTR, _PTR, _I64,  # key_cache, value_cache, tables, W
             _PTR, _PTR,  # lo, hi
             _I64, _I64, _I64, _I64, _I64,  # B, Hq, Hkv, D, bs
+            _I64, _I64, _I64,  # stride_block, stride_offset, stride_head
+            _F32, _PTR, _INT,  # scale, out, num_threads
+        ],
+        _INT,
+    ),
+    "paged_prefill": (
+        [
+            _PTR, _I64,  # q, q_stride_row
+            _PTR, _PTR, _PTR,  # key_cache, value_cache, table
+            _I64, _I64, _I64, _I64, _I64, _I64,  # start, n, Hq, Hkv, D, bs
             _I64, _I64, _I64,  # stride_block, stride_offset, stride_head
             _F32, _PTR, _INT,  # scale, out, num_threads
         ],
@@ -200,6 +212,38 @@ def paged_decode(
     return True
 
 
+def paged_prefill(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    *,
+    block_ids: torch.Tensor,
+    start: int,
+    scale: float,
+    out: torch.Tensor,
+) -> bool:
+    """Write into `out` [n, Hq, d] (contiguous) the causal attention of a prefill chunk of one
+    sequence: q [n, Hq, d] (heads and d contiguous in each row) at positions start, ..., start +
+    n - 1, the query at position p over the keys at positions 0..p of the sequence's blocks
+    `block_ids` (int64, covering start + n positions) in key and value caches [num_blocks,
+    block_size, Hkv, d], already written; False, leaving `out` alone, as `paged_decode`."""
+    library = native_library()
+    if library is None or not _readable(q, key_cache, value_cache, out, block_ids):
+        return False
+    rows, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    if block_ids.numel() * block_size < start + rows:
+        raise ValueError(f"{block_ids.numel()} blocks of {block_size} cannot hold {start + rows} positions")
+    failed = library.paged_prefill(
+        q.data_ptr(), q.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_ids.data_ptr(), start, rows,
+        num_heads, num_kv_heads, head_dim, block_size, *key_cache.stride()[:3], scale, out.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("the native prefill attention could not allocate its buffers")
+    return True
+
+
 def _readable(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor, *index: torch.Tensor
 ) -> bool:
@@ -272,7 +316,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"a panel-packed weight is a contiguous float32 [out, in] CPU matrix, got {tuple(weight.shape)}"
         )
-    packed = weight.new_empty(weight.numel())
+    packed = huge_page_empty((weight.numel(),), weight.dtype)
     library.pack_panels(weight.data_ptr(), weight.shape[0], weight.shape[1], packed.data_ptr())
     return packed
 

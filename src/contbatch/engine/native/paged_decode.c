@@ -119,18 +119,46 @@ static void values_avx2(const float *values, const int64_t *off, int64_t L, int6
 }
 #endif
 
-static void softmax_rows(float *weights, int64_t G, int64_t L) {
-  for (int64_t g = 0; g < G; g++) {
-    float *w = weights + g * L, top = w[0], sum = 0.f;
-    for (int64_t i = 1; i < L; i++) top = w[i] > top ? w[i] : top;
+/* w[0..n) = softmax(w[0..n)), and w[n..L) = 0 (keys the row does not see: no weight at all) */
+static void softmax_row(float *w, int64_t n, int64_t L) {
+  float top = w[0], sum = 0.f;
+  for (int64_t i = 1; i < n; i++) top = w[i] > top ? w[i] : top;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < L; i++) {
-      w[i] = exp_nonpositive(w[i] - top);
-      sum += w[i];
-    }
-    const float inv = 1.f / sum;
+  for (int64_t i = 0; i < n; i++) {
+    w[i] = exp_nonpositive(w[i] - top);
+    sum += w[i];
+  }
+  const float inv = 1.f / sum;
 #pragma omp simd
-    for (int64_t i = 0; i < L; i++) w[i] *= inv;
+  for (int64_t i = 0; i < n; i++) w[i] *= inv;
+  for (int64_t i = n; i < L; i++) w[i] = 0.f;
+}
+
+/* scores of `rows` query vectors (rows_q, D floats apart) against the L keys at keys + off[i],
+   into weights [rows, L]; row r sees its first lens(r) keys: softmax over them, 0 after; then
+   ob[r] = the weighted sum of the values at values + off[i] */
+static void attend(const float *rows_q, int64_t rows, const float *keys, const float *values, const int64_t *off,
+                   int64_t L, int64_t D, float scale, float *weights, float *ob, int64_t first_len, int64_t group) {
+#ifdef PAGED_DECODE_AVX2
+  if (D % 8 == 0) {
+    scores_avx2(rows_q, keys, off, L, rows, D, scale, weights);
+    for (int64_t r = 0; r < rows; r++) softmax_row(weights + r * L, first_len + r / group, L);
+    values_avx2(values, off, L, rows, D, weights, ob);
+    return;
+  }
+#endif
+  scores_portable(rows_q, keys, off, L, rows, D, scale, weights, L);
+  for (int64_t r = 0; r < rows; r++) softmax_row(weights + r * L, first_len + r / group, L);
+  values_portable(values, off, L, rows, D, weights, ob);
+}
+
+/* off[i] = where position first + i lies in the cache (block by block), for i < end - first */
+static void key_offsets(const int64_t *table, int64_t first, int64_t end, int64_t bs, int64_t stride_block,
+                        int64_t stride_offset, int64_t *off) {
+  for (int64_t p = first, i = 0; p < end;) {
+    const int64_t block_end = (p / bs + 1) * bs, stop = block_end < end ? block_end : end;
+    const int64_t base = table[p / bs] * stride_block;
+    for (int64_t offset = p % bs; p < stop; p++, offset++) off[i++] = base + offset * stride_offset;
   }
 }
 
@@ -145,7 +173,6 @@ int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, c
     const int64_t b = task / Hkv, h = task % Hkv, first = lo[b], end = hi[b], L = end - first;
     const float *qb = q + b * q_stride_row + h * G * D;
     const float *keys = key_cache + h * stride_head, *values = value_cache + h * stride_head;
-    const int64_t *table = tables + b * W;
     float *ob = out + (b * Hq + h * G) * D;
     int64_t *off = malloc(sizeof(int64_t) * L + sizeof(float) * G * L); /* L key offsets, then [G, L] scores */
     if (off == NULL) {
@@ -153,24 +180,46 @@ int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, c
       continue;
     }
     float *weights = (float *)(off + L);
-    for (int64_t p = first, i = 0; p < end;) { /* where each key lies, block by block */
-      const int64_t block_end = (p / bs + 1) * bs, stop = block_end < end ? block_end : end;
-      const int64_t base = table[p / bs] * stride_block;
-      for (int64_t offset = p % bs; p < stop; p++, offset++) off[i++] = base + offset * stride_offset;
-    }
-#ifdef PAGED_DECODE_AVX2
-    if (D % 8 == 0) {
-      scores_avx2(qb, keys, off, L, G, D, scale, weights);
-      softmax_rows(weights, G, L);
-      values_avx2(values, off, L, G, D, weights, ob);
-      free(off);
-      continue;
-    }
-#endif
-    scores_portable(qb, keys, off, L, G, D, scale, weights, L);
-    softmax_rows(weights, G, L);
-    values_portable(values, off, L, G, D, weights, ob);
+    key_offsets(tables + b * W, first, end, bs, stride_block, stride_offset, off);
+    attend(qb, G, keys, values, off, L, D, scale, weights, ob, L, G);
     free(off);
   }
+  return failed;
+}
+
+/* The causal attention of a prefill chunk of one sequence (`paged_prefill`), its queries taken
+   PREFILL_TILE positions at a time: a tile's rows (each position's query heads of one KV head)
+   share one pass over the keys, each row then weighting only those it sees. */
+enum { PREFILL_TILE = 8 };
+
+int paged_prefill(const float *q, int64_t q_stride_row, const float *key_cache, const float *value_cache,
+                  const int64_t *table, int64_t start, int64_t n, int64_t Hq, int64_t Hkv, int64_t D, int64_t bs,
+                  int64_t stride_block, int64_t stride_offset, int64_t stride_head, float scale, float *out,
+                  int num_threads) {
+  const int64_t G = Hq / Hkv, tiles = (n + PREFILL_TILE - 1) / PREFILL_TILE, rows = PREFILL_TILE * G;
+  int64_t *off = malloc(sizeof(int64_t) * (start + n)); /* every key's place, shared by the tasks */
+  if (off == NULL) return 1;
+  key_offsets(table, 0, start + n, bs, stride_block, stride_offset, off);
+  int failed = 0;
+  /* the last tiles see the most keys: taken first, then the shorter ones fill in */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
+  for (int64_t task = 0; task < tiles * Hkv; task++) {
+    const int64_t t = tiles - 1 - task / Hkv, h = task % Hkv, i0 = t * PREFILL_TILE;
+    const int64_t m = n - i0 < PREFILL_TILE ? n - i0 : PREFILL_TILE, L = start + i0 + m;
+    float *buffer = malloc(sizeof(float) * (2 * rows * D + rows * L)); /* queries, outputs, [rows, L] weights */
+    if (buffer == NULL) {
+      failed = 1;
+      continue;
+    }
+    float *tile_q = buffer, *tile_out = buffer + rows * D, *weights = buffer + 2 * rows * D;
+    for (int64_t i = 0; i < m; i++) /* position i0 + i's query heads of KV head h: rows i * G ... */
+      memcpy(tile_q + i * G * D, q + (i0 + i) * q_stride_row + h * G * D, sizeof(float) * G * D);
+    attend(tile_q, m * G, key_cache + h * stride_head, value_cache + h * stride_head, off, L, D, scale, weights,
+           tile_out, start + i0 + 1, G);
+    for (int64_t i = 0; i < m; i++)
+      memcpy(out + ((i0 + i) * Hq + h * G) * D, tile_out + i * G * D, sizeof(float) * G * D);
+    free(buffer);
+  }
+  free(off);
   return failed;
 }
