@@ -18,7 +18,9 @@ head's query rows, so the call is plain (not grouped-query) attention. The runne
 and sorted by context length, so groups pad little. On the CPU in float32 the native kernel
 (`contbatch.engine.native`) reads a group's rows instead, each over its own keys where they lie
 (`DecodeGroup.key_lo`, `key_hi`): no gather, no padding, no mask; the same output to float32
-rounding. The torch path remains wherever the kernel is off.
+rounding. Likewise a prefill chunk without a sliding window (`PrefillChunk.block_ids`): the
+kernel reads its keys, the cached prefix and its own, from its blocks. The torch path remains
+wherever the kernel is off.
 
 Sliding windows: `windowed(meta, w)` is the same step for a layer whose queries see only the last
 `w` positions (the query at i attends to keys j with i - w < j <= i, transformers' rule). Its

@@ -20,8 +20,9 @@ else is left alone. Returns whether the settings were applied (now or by an earl
 transparent huge pages (`madvise(MADV_HUGEPAGE)` before any page is touched; what the kernel does
 where THP is "madvise" or "always"): for the paged KV cache, whose blocks a decode step reads
 scattered over hundreds of MiB, one TLB entry then covers 2 MiB instead of 4 KiB (decode attention
-over blocks at random places in the cache about 15 % faster, nothing slower). The tensor starts on
-a 2 MiB boundary; where madvise is missing or refuses, it is plain memory.
+over blocks at random places in the cache about 15 % faster, nothing slower), and for weights
+packed in panels that are that large (the demo model's LM head, 49 MB, read whole every step).
+The tensor starts on a 2 MiB boundary; where madvise is missing or refuses, it is plain memory.
 """
 
 from __future__ import annotations

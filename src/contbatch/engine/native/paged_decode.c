@@ -1,4 +1,5 @@
-/* Decode attention read in place from a paged KV cache (contbatch.engine.native).
+/* Decode attention, and the causal attention of a prefill chunk (`paged_prefill`, at the end),
+   read in place from a paged KV cache (contbatch.engine.native).
 
    One query token per row b: out[b, i] = softmax(scale * q[b, i] . k) v over the keys at the
    row's positions [lo[b], hi[b]) of its block table, query head i reading KV head i / (Hq / Hkv)
