@@ -96,7 +96,7 @@ class PrefillChunk:
     start: int = 0  # the position of its first token
     # [blocks] long: its request's blocks holding positions [0, start + num_tokens) (what the
     # native kernel reads for plain causal attention, `contbatch.engine.native.paged_prefill`);
-    # None under a sliding window (the torch path runs)
+    # None under a sliding window or off the CPU (the torch path runs)
     block_ids: torch.Tensor | None = None
 
 
@@ -173,7 +173,7 @@ def _build_decode_group(
 def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device, window: int | None = None) -> PrefillChunk:
     end = c.start + c.num_tokens
     blocks = None
-    if window is None:
+    if window is None and device.type == "cpu":  # (what only the native kernel reads: no copy to a GPU)
         blocks = torch.tensor(list(c.block_table[: -(-end // block_size)]), dtype=torch.long, device=device)
     if c.start == 0 and (window is None or c.num_tokens <= window):
         return PrefillChunk(c.token_begin, c.num_tokens, None, None, c.start, blocks)
