@@ -136,8 +136,8 @@ static void softmax_row(float *w, int64_t n, int64_t L) {
 }
 
 /* scores of `rows` query vectors (rows_q, D floats apart) against the L keys at keys + off[i],
-   into weights [rows, L]; row r sees its first lens(r) keys: softmax over them, 0 after; then
-   ob[r] = the weighted sum of the values at values + off[i] */
+   into weights [rows, L]; row r sees the first first_len + r / group keys: softmax over them, 0
+   after; then ob[r] (D floats apart) = the weighted sum of the values at values + off[i] */
 static void attend(const float *rows_q, int64_t rows, const float *keys, const float *values, const int64_t *off,
                    int64_t L, int64_t D, float scale, float *weights, float *ob, int64_t first_len, int64_t group) {
 #ifdef PAGED_DECODE_AVX2
