@@ -205,8 +205,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result |= {"gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}
     shapes = {f"decode_{b}": [args.context] * b for b in args.batches}
     shapes |= {f"decode_{b}_mixed": mixed_contexts(b, args.context) for b in args.batches if b > 1 and args.mixed}
-    scattered = {f"decode_{b}_scattered" for b in args.batches if b > 1 and args.scattered}
-    shapes |= {name: [args.context] * int(name.split("_")[1]) for name in sorted(scattered)}
+    scattered = {f"decode_{b}_scattered": [args.context] * b for b in args.batches if b > 1 and args.scattered}
+    shapes |= scattered
     for name, contexts in shapes.items():
         row = runner_step(runner, contexts, args.steps, scatter_seed=args.seed if name in scattered else None)
         batch, mean = len(contexts), sum(contexts) / len(contexts)  # (the roofline is linear in the context)

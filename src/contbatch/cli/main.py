@@ -26,11 +26,11 @@ from typing import Any, cast
 
 from contbatch import __version__
 
-# command -> (its module, None for this one; the function adding its parser; the function running
-# it), in the order of the command list; one parser function may add several commands
-_COMMANDS: dict[str, tuple[str | None, str, str]] = {
-    "simulate": (None, "add_simulation_parsers", "run_simulation_command"),
-    "compare": (None, "add_simulation_parsers", "run_simulation_command"),
+# command -> (its module; the function adding its parser; the function running it), in the order
+# of the command list; one parser function may add several commands
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "simulate": (__name__, "add_simulation_parsers", "run_simulation_command"),
+    "compare": (__name__, "add_simulation_parsers", "run_simulation_command"),
     "capacity": ("contbatch.cli.capacity_cmd", "add_capacity_parser", "run_capacity_command"),
     "generate": ("contbatch.cli.engine_cmd", "add_engine_parsers", "run_generate_command"),
     "run": ("contbatch.cli.engine_cmd", "add_engine_parsers", "run_run_command"),
@@ -45,10 +45,9 @@ _COMMANDS: dict[str, tuple[str | None, str, str]] = {
 }
 
 
-def _function(module: str | None, name: str) -> Callable[..., Any]:
-    """`name` of `module` (imported now if it was not), or of this module (None)."""
-    namespace = globals() if module is None else vars(importlib.import_module(module))
-    return cast(Callable[..., Any], namespace[name])
+def _function(module: str, name: str) -> Callable[..., Any]:
+    """`name` of `module` (imported now if it was not)."""
+    return cast(Callable[..., Any], getattr(importlib.import_module(module), name))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -60,7 +59,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"contbatch {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    added: set[tuple[str | None, str]] = set()
+    added: set[tuple[str, str]] = set()
     for name in _COMMANDS if command is None else (command,):
         module, add, _ = _COMMANDS[name]
         if (module, add) not in added:

@@ -65,7 +65,7 @@ _HUGE_PAGE_MIN_BYTES = 32 * 1024**2
 def huge_page_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor, on huge pages where Linux gives them (see the module
     docstring); tensors under 32 MiB are plain `torch.empty`."""
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     madvise = _madvise()
     if nbytes < _HUGE_PAGE_MIN_BYTES or madvise is None:
         return torch.empty(shape, dtype=dtype)

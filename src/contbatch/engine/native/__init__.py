@@ -247,13 +247,16 @@ def paged_prefill(
     return True
 
 
+def _on_cpu(dtype: torch.dtype, *tensors: torch.Tensor, contiguous: bool = True) -> bool:
+    """Every tensor of `dtype` on the CPU (and contiguous, unless told otherwise)."""
+    return all(t.dtype == dtype and t.device.type == "cpu" and (t.is_contiguous() or not contiguous) for t in tensors)
+
+
 def _readable(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, out: torch.Tensor, *index: torch.Tensor
 ) -> bool:
     """The tensors are laid out as `paged_decode.c` reads them (float32 and int64 on the CPU)."""
-    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (q, keys, values, out)):
-        return False
-    if any(t.device.type != "cpu" or t.dtype != torch.int64 or not t.is_contiguous() for t in index):
+    if not _on_cpu(torch.float32, q, keys, values, out, contiguous=False) or not _on_cpu(torch.int64, *index):
         return False
     head_dim = q.shape[2]
     return (
@@ -263,11 +266,6 @@ def _readable(
         and keys.stride(3) == 1
         and out.is_contiguous()
     )
-
-
-def _flat_float32(*tensors: torch.Tensor) -> bool:
-    """Every tensor float32, contiguous, on the CPU: what the fused kernels read."""
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in tensors)
 
 
 def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
@@ -280,7 +278,8 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
         return None
     width = h.shape[-1]
     operands = (h, weight) if delta is None else (h, weight, delta)
-    if weight.shape != (width,) or (delta is not None and delta.shape != h.shape) or not _flat_float32(*operands):
+    shapes_fit = weight.shape == (width,) and (delta is None or delta.shape == h.shape)
+    if not shapes_fit or not _on_cpu(torch.float32, *operands):
         return None
     out = torch.empty_like(h)
     added = None if delta is None else delta.data_ptr()
@@ -294,7 +293,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up for `gate_up` [rows, 2 n] = [gate | up], as a new [rows, n] tensor; None
     where the kernels are off or gate_up is not float32, contiguous, 2-D, on the CPU."""
     library = native_library()
-    if library is None or gate_up.dim() != 2 or gate_up.shape[1] % 2 or not _flat_float32(gate_up):
+    if library is None or gate_up.dim() != 2 or gate_up.shape[1] % 2 or not _on_cpu(torch.float32, gate_up):
         return None
     rows, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = gate_up.new_empty((rows, width))
@@ -315,7 +314,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     library = native_library()
     if library is None:
         raise NativeUnavailable("the native kernels are off: weights cannot be packed in panels")
-    if weight.dim() != 2 or not _flat_float32(weight):
+    if weight.dim() != 2 or not _on_cpu(torch.float32, weight):
         raise ValueError(
             f"a panel-packed weight is a contiguous float32 [out, in] CPU matrix, got {tuple(weight.shape)}"
         )
