@@ -23,6 +23,10 @@ loads the demo model (30M, float32) with --threads threads and measures:
   the token budget of `engine_vs_peer.py`'s servers), against the same matmul peak
   (`prefill_roofline_ms`: every layer weight times every token, causal attention, the LM head for
   one row a prompt);
+- (--shared, the default) the largest batch's decode step and the prefill step again while one
+  other process spins on a core (`one_spinner`): a serving engine shares its cores with its HTTP
+  side and, in these benchmarks, with the client; a kernel that splits its work statically over
+  the threads waits for the one that lost its core;
 - the host overhead of full engine steps at --engine-batch requests: `LLMEngine.step()`
   (scheduling, input building, forward, sampling, detokenization) timed after every request's
   prefill, with the time inside `forward` subtracted; the fraction is (step - forward) / step.
@@ -40,6 +44,7 @@ Run it alone, under the benchmark lock:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -49,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +154,18 @@ def runner_step(
     }
 
 
+@contextlib.contextmanager
+def one_spinner() -> Iterator[None]:
+    """Another process spinning on one core (pure Python, no I/O) while the block runs."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # (running before the first timed step)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def engine_steps(engine: Any, batch: int, context: int, steps: int, seed: int) -> dict[str, float]:
     """Full `LLMEngine.step()` calls, every one a decode of all `batch` requests."""
     from contbatch.engine.sampling import SamplingParams
@@ -215,12 +232,23 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         row["ratio"] = row["step_ms"] / row["roofline_ms"]
         row["ratio_mm"] = row["step_ms"] / row["roofline_mm_ms"]
         result[name] = row
+        if args.shared and name == f"decode_{max(args.batches)}":
+            with one_spinner():
+                shared = runner_step(runner, contexts, args.steps)
+            shared["ratio"] = shared["step_ms"] / row["roofline_ms"]
+            shared["ratio_mm"] = shared["step_ms"] / row["roofline_mm_ms"]
+            result[f"{name}_shared"] = row | shared
     count, length = args.prefill
     if count > 0:
         row = runner_step(runner, [0] * count, max(3, args.steps // 4), prompt=length)
         row["roofline_ms"] = prefill_roofline_ms(runner.spec, multiplied, count, length, peak=peak)
         row["ratio"] = row["step_ms"] / row["roofline_ms"]
         result[f"prefill_{count}x{length}"] = row
+        if args.shared:
+            with one_spinner():
+                shared = runner_step(runner, [0] * count, max(3, args.steps // 4), prompt=length)
+            shared["ratio"] = shared["step_ms"] / row["roofline_ms"]
+            result[f"prefill_{count}x{length}_shared"] = row | shared
     result[f"engine_{args.engine_batch}"] = engine_steps(engine, args.engine_batch, args.context, args.steps, args.seed)
     return result
 
@@ -288,7 +316,7 @@ def run_worker_once(src: Path, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", "--context", str(args.context), "--steps", str(args.steps)]
     cmd += ["--threads", str(args.threads), "--engine-batch", str(args.engine_batch), "--seed", str(args.seed)]
     cmd += ["--batches", *map(str, args.batches), "--mixed" if args.mixed else "--no-mixed"]
-    cmd += ["--scattered" if args.scattered else "--no-scattered"]
+    cmd += ["--scattered" if args.scattered else "--no-scattered", "--shared" if args.shared else "--no-shared"]
     cmd += ["--prefill", "{}x{}".format(*args.prefill)]
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -322,7 +350,7 @@ def report(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[
         summary[name] = {"baseline": b, "current": c, "baseline_over_current": b / c}
 
     for key in (k for k in cur if k.startswith("prefill_")):
-        b, c, name = base[key], cur[key], key.removeprefix("prefill_")
+        b, c, name = base[key], cur[key], key.removeprefix("prefill_").replace("_", " ")
         add(f"prefill {name}: step ms", b["step_ms"], c["step_ms"])
         add(f"prefill {name}: step / roofline", b["ratio"], c["ratio"])
     for key in (k for k in cur if k.startswith("decode_")):
@@ -363,6 +391,10 @@ def main() -> None:
         "--scattered", action=argparse.BooleanOptionalAction, default=True,
         help="also each batch (> 1) with every request's blocks drawn at random from the whole cache "
         "(as a server's are once requests have come and gone) instead of one after another",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shared", action=argparse.BooleanOptionalAction, default=True,
+        help="also the largest batch's decode step and the prefill step while another process spins on a core",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement (median)")
     parser.add_argument(

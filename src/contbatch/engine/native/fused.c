@@ -6,9 +6,10 @@
    silu_mul: out[r, i] = silu(gate_up[r, i]) * gate_up[r, n + i], the gated MLP's activation
    (gate_up [rows, 2n], out [rows, n]), silu(x) = x * sigmoid(x) with sigmoid from exp(-|x|).
 
-   Float32, contiguous rows. Large calls (prefill) split their rows over `num_threads` OpenMP
-   threads, torch's own (the loader checks that the runtime is torch's libgomp); a decode step's
-   few rows run on the calling thread, which costs less than waking the team. */
+   Float32, contiguous rows. Large calls (prefill) hand their rows, ROWS_PER_GRAB at a time, to
+   whichever of `num_threads` OpenMP threads is free (torch's own: the loader checks that the
+   runtime is torch's libgomp), so a thread that loses its core holds up only its own rows; a
+   decode step's few rows run on the calling thread, which costs less than waking the team. */
 
 #include <math.h>
 #include <stddef.h>
@@ -16,11 +17,11 @@
 
 #include "exp_nonpositive.h"
 
-enum { PARALLEL_ELEMENTS = 1 << 16 };
+enum { PARALLEL_ELEMENTS = 1 << 16, ROWS_PER_GRAB = 8 };
 
 void add_rms_norm(float *x, const float *delta, const float *weight, float *y, int64_t rows, int64_t n, float eps,
                   int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * n >= PARALLEL_ELEMENTS)
+#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(num_threads) if (rows * n >= PARALLEL_ELEMENTS)
   for (int64_t r = 0; r < rows; r++) {
     float *xr = x + r * n, *yr = y + r * n, squares = 0.f;
     if (delta != NULL) {
@@ -37,7 +38,7 @@ void add_rms_norm(float *x, const float *delta, const float *weight, float *y, i
 }
 
 void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t n, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * n >= PARALLEL_ELEMENTS)
+#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(num_threads) if (rows * n >= PARALLEL_ELEMENTS)
   for (int64_t r = 0; r < rows; r++) {
     const float *gate = gate_up + r * 2 * n, *up = gate + n;
     float *o = out + r * n;

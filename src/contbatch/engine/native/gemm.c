@@ -6,8 +6,10 @@
    c[M, N] = a[M, K] . w^T (a's rows lda floats apart, K contiguous; c contiguous): each panel,
    read once from memory and kept in cache, is multiplied by every tile of 6 rows of a, the tile's
    6 x 16 sums held in twelve AVX2 registers over all of K (each product's terms added in k order,
-   fused multiply-adds). Panels are split over `num_threads` OpenMP threads (torch's, as for the
-   other kernels). gemm_preferred() says whether the engine should pack its weights this way:
+   fused multiply-adds). Panels go PANELS_PER_GRAB at a time to whichever of `num_threads` OpenMP
+   threads (torch's, as for the other kernels) is free: a thread that loses its core to another
+   process (a server's HTTP side, its client) holds up its own panels only, where a static split
+   made every other thread wait for its half. gemm_preferred() says whether the engine should pack its weights this way:
    this build has the AVX2 and FMA loops, and the CPU has no AVX-512 (where oneDNN's products
    use vectors twice as wide). Without AVX2 gemm_panels runs plain loops, right but slow. */
 
@@ -17,7 +19,7 @@
 #define GEMM_AVX2 1
 #endif
 
-enum { NR = 16, MR = 6 };
+enum { NR = 16, MR = 6, PANELS_PER_GRAB = 4 }; /* 4 panels: a run of memory the prefetchers stream */
 
 int gemm_preferred(void) {
 #if defined(GEMM_AVX2) && !defined(__AVX512F__)
@@ -91,7 +93,7 @@ static void panel_rows(const float *a, int64_t lda, const float *panel, int64_t 
 void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
                  int num_threads) {
   const int64_t panels = (N + NR - 1) / NR;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(dynamic, PANELS_PER_GRAB) num_threads(num_threads)
   for (int64_t p = 0; p < panels; p++) {
     const int64_t first = p * NR, width = N - first < NR ? N - first : NR;
     const float *panel = packed + first * K;

@@ -10,10 +10,11 @@
    is [B, Hq, D] contiguous. Every row has at least one key (lo < hi). Returns 0, or 1 when a
    scores buffer could not be allocated (out is then incomplete).
 
-   Rows and KV heads are split over `num_threads` OpenMP threads: the process's OpenMP runtime,
-   which torch has loaded, so its threads are torch's own (the loader checks that). Each task (a
-   row and a KV head) finds where its keys lie once, block by block; reads each key and value once
-   for all the query heads that share them; and exponentiates with plain arithmetic that the
+   Tasks (a row and a KV head) go one at a time to whichever of `num_threads` OpenMP threads is
+   free (a thread that loses its core to another process holds up only its own tasks): the
+   process's OpenMP runtime, which torch has loaded, so its threads are torch's own (the loader
+   checks that). Each task finds where its keys lie once, block by block; reads each key and value
+   once for all the query heads that share them; and exponentiates with plain arithmetic that the
    compiler vectorises. With AVX2 and FMA (and head_dim a multiple of 8) the scores are taken
    eight keys at a time, eight independent sums reduced by one transpose, and the weighted values
    are summed in registers; elsewhere the portable loops below do the same sums. */
@@ -169,7 +170,7 @@ int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, c
                  int64_t stride_head, float scale, float *out, int num_threads) {
   const int64_t G = Hq / Hkv;
   int failed = 0;
-#pragma omp parallel for schedule(static) num_threads(num_threads) reduction(| : failed)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
   for (int64_t task = 0; task < B * Hkv; task++) {
     const int64_t b = task / Hkv, h = task % Hkv, first = lo[b], end = hi[b], L = end - first;
     const float *qb = q + b * q_stride_row + h * G * D;
