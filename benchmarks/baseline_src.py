@@ -8,8 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,3 +45,17 @@ def run_side(cmd: list[str], src: Path | None, name: str) -> Any:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         sys.exit(f"{name}: the run failed on {'this working tree' if src is None else 'the baseline'}: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def alternating(commit: str, reps: int, run: Callable[[Path, str], T]) -> dict[str, list[T]]:
+    """`run(src, side)` `reps` times for each side, "baseline" (`commit`'s exported `src`) and
+    "current" (this checkout's `src`), the order alternating between repetitions: each side's
+    results in order."""
+    runs: dict[str, list[T]] = {"baseline": [], "current": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        srcs = {"baseline": export_src(commit, Path(tmp)), "current": ROOT / "src"}
+        for rep in range(reps):
+            for side in ("baseline", "current") if rep % 2 == 0 else ("current", "baseline"):
+                runs[side].append(run(srcs[side], side))
+                print(f"rep {rep + 1}/{reps} {side} done", file=sys.stderr)
+    return runs

@@ -52,14 +52,13 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from baseline_src import export_src
+from baseline_src import alternating
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -413,14 +412,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args)))
         return
-    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        srcs = {"baseline": export_src(args.baseline, Path(tmp)), "current": ROOT / "src"}
-        for rep in range(args.reps):
-            order = ["baseline", "current"] if rep % 2 == 0 else ["current", "baseline"]
-            for side in order:
-                runs[side].append(run_worker(srcs[side], args))
-                print(f"rep {rep + 1}/{args.reps} {side} done", file=sys.stderr)
+    runs = alternating(args.baseline, args.reps, lambda src, _: run_worker(src, args))
     sides = {side: medians(r) for side, r in runs.items()}
     rows, summary = report(sides, args)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -1,6 +1,8 @@
 """The forward step's rewritten pieces give transformers' bits: rotary embedding without the
 rotate-half copy, RMSNorm with its fused weight, the in-place gated MLP product; the decode
-gather index is computed once per step; freed host memory is kept (glibc); the KV cache and
+gather index is computed once per step, and what only the torch attention path reads (decode
+masks, a later prefill chunk's context slots and mask) is built only when that path runs;
+freed host memory is kept (glibc); the KV cache and
 large packed weights are advised onto huge pages (Linux)."""
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from contbatch.engine.attention import ChunkLayout, _head_block_index, build_metadata
+from contbatch.engine import native
+from contbatch.engine.attention import ChunkLayout, _head_block_index, build_metadata, paged_attention
 from contbatch.engine.host_memory import HUGE_PAGE, huge_page_empty, retain_freed_memory
 from contbatch.engine.rope import apply_rotary
 
@@ -59,6 +62,38 @@ def test_decode_gather_index_is_computed_once_per_group() -> None:
     assert torch.equal(index, _head_block_index(group.block_ids, 2, 64))
     assert group.gather_index(2, 64) is index
     assert torch.equal(group.gather_index(3, 32), _head_block_index(group.block_ids, 3, 32))
+
+
+def _mixed_step() -> tuple[list[ChunkLayout], list[int]]:
+    """Three decodes at different contexts, then a 6-token chunk after a 40-token prefix."""
+    decodes = [ChunkLayout(i, 1, 20 + 7 * i, list(range(10 * i, 10 * i + 5))) for i in range(3)]
+    return [*decodes, ChunkLayout(3, 6, 40, list(range(40, 44)))], [0, 1, 2, 8]
+
+
+def test_torch_path_inputs_are_built_on_first_use_once() -> None:
+    layouts, rows = _mixed_step()
+    meta = build_metadata(layouts, rows, block_size=16, device=torch.device("cpu"))
+    (group,), (prefill,) = meta.decode_groups, meta.prefills
+    assert not group._derived and not prefill._derived  # nothing built yet
+    assert group.mask is not None and group.mask is group.mask
+    assert group.mask[:, 0, 0, :].sum(dim=1).tolist() == [21, 28, 35]  # each row's own context
+    slots, mask = prefill.context_slots, prefill.mask
+    assert slots is not None and mask is not None
+    assert prefill.context_slots is slots and prefill.mask is mask
+    assert slots.tolist() == [(40 + p // 16) * 16 + p % 16 for p in range(46)]  # positions 0..45, blocks 40..42
+    assert mask.sum(dim=1).tolist() == list(range(41, 47))
+
+
+@pytest.mark.skipif(native.native_library() is None, reason="the native kernels are off here")
+def test_a_step_the_kernels_read_builds_no_torch_path_input() -> None:
+    layouts, rows = _mixed_step()
+    meta = build_metadata(layouts, rows, block_size=16, device=torch.device("cpu"))
+    heads, kv_heads, dim = 4, 2, 8
+    cache = (torch.zeros(64, 16, kv_heads, dim), torch.zeros(64, 16, kv_heads, dim))
+    q, k, v = torch.randn(9, heads, dim), torch.randn(9, kv_heads, dim), torch.randn(9, kv_heads, dim)
+    paged_attention(q, k, v, cache, meta, scale=dim**-0.5)
+    (group,), (prefill,) = meta.decode_groups, meta.prefills
+    assert not group._derived and not prefill._derived
 
 
 def test_retain_freed_memory_applies_where_glibc_is() -> None:

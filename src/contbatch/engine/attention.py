@@ -20,7 +20,9 @@ and sorted by context length, so groups pad little. On the CPU in float32 the na
 (`DecodeGroup.key_lo`, `key_hi`): no gather, no padding, no mask; the same output to float32
 rounding. Likewise a prefill chunk without a sliding window (`PrefillChunk.block_ids`): the
 kernel reads its keys, the cached prefix and its own, from its blocks. The torch path remains
-wherever the kernel is off.
+wherever the kernel is off; what only it reads (the groups' masks and gather index, a later
+prefill chunk's context slots and mask) is built on first use, so a step the kernels read builds
+none of it.
 
 Sliding windows: `windowed(meta, w)` is the same step for a layer whose queries see only the last
 `w` positions (the query at i attends to keys j with i - w < j <= i, transformers' rule). Its
@@ -68,36 +70,90 @@ class DecodeGroup:
     token_end: int  # single-token chunks [token_begin, token_end), one per request
     block_ids: torch.Tensor  # [B, max_blocks] long, padded with block 0
     num_keys: int  # keys read per row: the gathered blocks' first num_keys positions (<= max_blocks * block_size)
-    mask: torch.Tensor | None  # [B, 1, 1, num_keys] bool: True = attend; None = attend to all
     # [B] long each: row b attends to the positions [key_lo[b], key_hi[b]) of its blocks block_ids[b]
-    # (the mask's True span; what the native kernel reads, `contbatch.engine.native`)
+    # (what the native kernel reads, `contbatch.engine.native`; the torch path reads `mask`)
     key_lo: torch.Tensor
     key_hi: torch.Tensor
-    # (num_kv_heads, num_blocks) of a cache -> `_head_block_index` of block_ids for it: a function
-    # of the step alone, so every layer after the first reads the one the first computed
-    _gather_index: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    masked: bool  # some row attends to less than [0, num_keys): the torch path needs `mask`
+    # what only the torch path reads, built on first use and kept for the step's other layers:
+    # "mask", and (num_kv_heads, num_blocks) -> `gather_index`
+    _derived: dict[object, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """[B, 1, 1, num_keys] bool, True = attend: [key_lo, key_hi) of each row; None when every
+        row attends to all num_keys."""
+        if not self.masked:
+            return None
+        mask = self._derived.get("mask")
+        if mask is None:
+            keys = torch.arange(self.num_keys, device=self.key_lo.device)[None, :]
+            visible = (keys >= self.key_lo[:, None]) & (keys < self.key_hi[:, None])
+            mask = self._derived["mask"] = visible[:, None, None, :]
+        return mask
 
     def gather_index(self, num_kv_heads: int, num_blocks: int) -> torch.Tensor:
         """`_head_block_index(self.block_ids, num_kv_heads, num_blocks)`, computed once per step."""
         key = (num_kv_heads, num_blocks)
-        index = self._gather_index.get(key)
+        index = self._derived.get(key)
         if index is None:
-            index = self._gather_index[key] = _head_block_index(self.block_ids, num_kv_heads, num_blocks)
+            index = self._derived[key] = _head_block_index(self.block_ids, num_kv_heads, num_blocks)
         return index
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
+    """A chunk of at least two tokens: its queries attend causally (within `window`, when set)
+    to its request's cached prefix and to its own keys. The native kernel reads `block_ids`;
+    the torch path reads `context_slots` and `mask`, built on first use."""
+
     token_begin: int
     num_tokens: int  # >= 2
-    # slots of the keys it reads, positions [first key, start + num_tokens); None: its own new keys only
-    context_slots: torch.Tensor | None
-    mask: torch.Tensor | None  # [num_tokens, number of keys] bool, True = attend; None: plain causal
-    start: int = 0  # the position of its first token
+    start: int  # the position of its first token
+    block_table: Sequence[int]  # its request's device blocks; cover [0, start + num_tokens)
+    block_size: int
+    device: torch.device
+    window: int | None = None
     # [blocks] long: its request's blocks holding positions [0, start + num_tokens) (what the
     # native kernel reads for plain causal attention, `contbatch.engine.native.paged_prefill`);
     # None under a sliding window or off the CPU (the torch path runs)
     block_ids: torch.Tensor | None = None
+    _derived: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def first_key(self) -> int:
+        """The first position any of its queries sees."""
+        return 0 if self.window is None else max(0, self.start - self.window + 1)
+
+    @property
+    def context_slots(self) -> torch.Tensor | None:
+        """[keys] long: the cache slots of positions [first_key, start + num_tokens); None when it
+        starts at 0 (its own new keys are all it reads)."""
+        if self.start == 0:
+            return None
+        slots = self._derived.get("slots")
+        if slots is None:
+            first, end = self.first_key, self.start + self.num_tokens
+            layout = ChunkLayout(0, end - first, first, self.block_table)
+            slots = self._derived["slots"] = torch.tensor(chunk_slots(layout, self.block_size), device=self.device)
+        return slots
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """[num_tokens, keys] bool, True = attend; None: plain causal attention over its own keys
+        (it starts at 0 and fits in the window)."""
+        if self.start == 0 and (self.window is None or self.num_tokens <= self.window):
+            return None
+        mask = self._derived.get("mask")
+        if mask is None:
+            end = self.start + self.num_tokens
+            rows = torch.arange(self.start, end, device=self.device)[:, None]
+            keys = torch.arange(self.first_key, end, device=self.device)[None, :]
+            mask = keys <= rows
+            if self.window is not None:
+                mask &= keys > rows - self.window
+            self._derived["mask"] = mask
+        return mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,36 +213,21 @@ def _build_decode_group(
         for c, o, nb in zip(group, offsets, num_blocks, strict=True)
     ]
     block_ids = torch.tensor(rows, dtype=torch.long, device=device)
-    num_keys = max(n - o for n, o in zip(context_lens, offsets, strict=True))
-    mask = None
-    if any(f != o or n != o + num_keys for f, o, n in zip(firsts, offsets, context_lens, strict=True)):
-        positions = torch.tensor(offsets, device=device)[:, None] + torch.arange(num_keys, device=device)[None, :]
-        lo = torch.tensor(firsts, device=device)[:, None]
-        hi = torch.tensor(context_lens, device=device)[:, None]
-        mask = ((positions >= lo) & (positions < hi))[:, None, None, :]
+    lo = [f - o for f, o in zip(firsts, offsets, strict=True)]
+    hi = [n - o for n, o in zip(context_lens, offsets, strict=True)]
+    num_keys = max(hi)
+    masked = any(lo) or min(hi) != num_keys
     begin = group[0].token_begin
-    key_lo = torch.tensor([f - o for f, o in zip(firsts, offsets, strict=True)], device=device)
-    key_hi = torch.tensor([n - o for n, o in zip(context_lens, offsets, strict=True)], device=device)
-    return DecodeGroup(begin, begin + len(group), block_ids, num_keys, mask, key_lo, key_hi)
+    key_lo, key_hi = torch.tensor(lo, device=device), torch.tensor(hi, device=device)
+    return DecodeGroup(begin, begin + len(group), block_ids, num_keys, key_lo, key_hi, masked)
 
 
 def _build_prefill(c: ChunkLayout, block_size: int, device: torch.device, window: int | None = None) -> PrefillChunk:
-    end = c.start + c.num_tokens
     blocks = None
     if window is None and device.type == "cpu":  # (what only the native kernel reads: no copy to a GPU)
+        end = c.start + c.num_tokens
         blocks = torch.tensor(list(c.block_table[: -(-end // block_size)]), dtype=torch.long, device=device)
-    if c.start == 0 and (window is None or c.num_tokens <= window):
-        return PrefillChunk(c.token_begin, c.num_tokens, None, None, c.start, blocks)
-    first = 0 if window is None else max(0, c.start - window + 1)
-    rows = torch.arange(c.start, end, device=device)[:, None]
-    keys = torch.arange(first, end, device=device)[None, :]
-    mask = keys <= rows
-    if window is not None:
-        mask &= keys > rows - window
-    if c.start == 0:
-        return PrefillChunk(c.token_begin, c.num_tokens, None, mask, c.start, blocks)
-    slots = torch.tensor(chunk_slots(ChunkLayout(0, end - first, first, c.block_table), block_size), device=device)
-    return PrefillChunk(c.token_begin, c.num_tokens, slots, mask, c.start, blocks)
+    return PrefillChunk(c.token_begin, c.num_tokens, c.start, c.block_table, block_size, device, window, blocks)
 
 
 def build_metadata(
