@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from contbatch.engine.attention import ChunkLayout, build_metadata, chunk_slots, paged_attention, windowed
-from contbatch.engine.native import decode_kernel
+from contbatch.engine.native import native_library
 
 BLOCK_SIZE = 4
 
@@ -49,7 +49,7 @@ def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     wherever a C compiler is) or by the torch path (gather, pad, mask, scaled-dot-product)."""
     if request.param == "torch":
         monkeypatch.setattr("contbatch.engine.attention.paged_decode", lambda *args, **kwargs: False)
-    elif decode_kernel() is None:
+    elif native_library() is None:
         assert shutil.which(os.environ.get("CC", "cc")) is None, "a C compiler is here but the kernel is off"
         pytest.skip("no C compiler: the native kernel is off")
     return str(request.param)

@@ -20,7 +20,6 @@ from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_met
 from contbatch.engine.native import (
     FLAGS,
     add_rms_norm,
-    decode_kernel,
     load_library,
     pack_panels,
     paged_decode,
@@ -85,7 +84,7 @@ def _in_place_and_gathered(
 def test_the_kernel_equals_the_torch_path(
     num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, window: int | None
 ) -> None:
-    assert decode_kernel() is not None, "a C compiler is here: the kernel must build"
+    assert native.native_library() is not None, "a C compiler is here: the kernel must build"
     layouts, q, k, v, cache = _step(
         num_heads, num_kv_heads, head_dim, block_size=block_size, rows=24, seed=head_dim + num_heads
     )
@@ -230,7 +229,7 @@ def test_tensors_it_does_not_read_are_left_to_the_torch_path() -> None:
 _PROBE = """
 import json, logging
 import torch
-from contbatch.engine.native import decode_kernel
+from contbatch.engine.native import native_library
 
 class Kept(logging.Handler):
     def emit(self, record):
@@ -238,7 +237,7 @@ class Kept(logging.Handler):
 
 warnings = []
 logging.getLogger("contbatch.engine.native").addHandler(Kept())
-print(json.dumps({"on": decode_kernel() is not None, "warnings": warnings}))
+print(json.dumps({"on": native_library() is not None, "warnings": warnings}))
 """
 
 

@@ -48,7 +48,6 @@ import os
 import platform
 import subprocess
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,8 +96,6 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT], None),  # a, lda, packed, c, M, N, K, num_threads
 }  # fmt: skip
 
-DecodeKernel = Callable[..., int]
-
 
 class NativeUnavailable(Exception):
     """Why the kernels cannot be used in this process (logged once by `native_library`)."""
@@ -126,12 +123,6 @@ def load_library(flags: tuple[str, ...]) -> ctypes.CDLL:
         function = getattr(library, name)
         function.argtypes, function.restype = argtypes, restype
     return library
-
-
-def decode_kernel() -> DecodeKernel | None:
-    """The library's `paged_decode`, or None where the kernels are off."""
-    library = native_library()
-    return None if library is None else library.paged_decode
 
 
 def _check_openmp() -> None:
@@ -200,12 +191,12 @@ def paged_decode(
     contiguous in each row) over key and value caches [num_blocks, block_size, Hkv, d] (d
     contiguous), row b over the positions [lo[b], hi[b]) of its blocks `block_ids[b]`; False,
     leaving `out` alone, when the kernel is off or the tensors are not what it reads (`_readable`)."""
-    kernel = decode_kernel()
-    if kernel is None or not _readable(q, key_cache, value_cache, out, block_ids, lo, hi):
+    library = native_library()
+    if library is None or not _readable(q, key_cache, value_cache, out, block_ids, lo, hi):
         return False
     rows, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
-    failed = kernel(
+    failed = library.paged_decode(
         q.data_ptr(), q.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_ids.data_ptr(),
         block_ids.shape[1], lo.data_ptr(), hi.data_ptr(), rows, num_heads, num_kv_heads, head_dim, block_size,
         *key_cache.stride()[:3], scale, out.data_ptr(), torch.get_num_threads(),
