@@ -165,6 +165,17 @@ def one_spinner() -> Iterator[None]:
         spinner.wait()
 
 
+def beside_a_spinner(row: dict[str, Any], measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`row` with `measure()` taken again while another process spins on a core, its ratios
+    against `row`'s rooflines."""
+    with one_spinner():
+        shared = measure()
+    for ratio, roofline in (("ratio", "roofline_ms"), ("ratio_mm", "roofline_mm_ms")):
+        if roofline in row:
+            shared[ratio] = shared["step_ms"] / row[roofline]
+    return row | shared
+
+
 def engine_steps(engine: Any, batch: int, context: int, steps: int, seed: int) -> dict[str, float]:
     """Full `LLMEngine.step()` calls, every one a decode of all `batch` requests."""
     from contbatch.engine.sampling import SamplingParams
@@ -232,22 +243,16 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         row["ratio_mm"] = row["step_ms"] / row["roofline_mm_ms"]
         result[name] = row
         if args.shared and name == f"decode_{max(args.batches)}":
-            with one_spinner():
-                shared = runner_step(runner, contexts, args.steps)
-            shared["ratio"] = shared["step_ms"] / row["roofline_ms"]
-            shared["ratio_mm"] = shared["step_ms"] / row["roofline_mm_ms"]
-            result[f"{name}_shared"] = row | shared
+            result[f"{name}_shared"] = beside_a_spinner(row, lambda c=contexts: runner_step(runner, c, args.steps))
     count, length = args.prefill
     if count > 0:
-        row = runner_step(runner, [0] * count, max(3, args.steps // 4), prompt=length)
+        prefill = lambda: runner_step(runner, [0] * count, max(3, args.steps // 4), prompt=length)  # noqa: E731
+        row = prefill()
         row["roofline_ms"] = prefill_roofline_ms(runner.spec, multiplied, count, length, peak=peak)
         row["ratio"] = row["step_ms"] / row["roofline_ms"]
         result[f"prefill_{count}x{length}"] = row
         if args.shared:
-            with one_spinner():
-                shared = runner_step(runner, [0] * count, max(3, args.steps // 4), prompt=length)
-            shared["ratio"] = shared["step_ms"] / row["roofline_ms"]
-            result[f"prefill_{count}x{length}_shared"] = row | shared
+            result[f"prefill_{count}x{length}_shared"] = beside_a_spinner(row, prefill)
     result[f"engine_{args.engine_batch}"] = engine_steps(engine, args.engine_batch, args.context, args.steps, args.seed)
     return result
 
