@@ -125,6 +125,22 @@ def test_dynamic_rope_beyond_max_positions_matches_transformers(hf_checkpoint) -
     torch.testing.assert_close(logits[0], ref[49], atol=ATOL, rtol=0)
 
 
+def test_the_head_gives_each_rows_argmax_with_the_logits(hf_checkpoint) -> None:
+    """Where the LM head is in column panels, `forward(greedy_out=...)` also writes each row's
+    `torch.argmax` (found inside the product), for several rows and for one."""
+    ckpt = hf_checkpoint()
+    runner = _runner(ckpt.path)
+    if not runner.model.greedy_in_head:
+        pytest.skip("the LM head is not in column panels here")
+    tokens = torch.randint(0, 211, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    layout = ChunkLayout(0, 20, 0, list(range(5)))
+    for rows in ([3, 7, 19], [19]):
+        meta = build_metadata([layout], rows, block_size=4, device=torch.device("cpu"))
+        greedy = torch.full((len(rows),), -1, dtype=torch.long)
+        logits = runner.model.forward(torch.tensor(tokens), torch.arange(20), meta, runner.kv_cache, greedy_out=greedy)
+        assert greedy.tolist() == logits.argmax(dim=-1).tolist()
+
+
 def test_logits_only_for_sampling_chunks(hf_checkpoint) -> None:
     ckpt = hf_checkpoint()
     runner = _runner(ckpt.path)

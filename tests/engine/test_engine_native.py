@@ -193,6 +193,26 @@ def test_panel_product_is_the_matrix_product(out_features: int, in_features: int
     torch.testing.assert_close(panel_product(x, packed), x @ weight.t(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("out_features", "in_features"), [(32000, 64), (100, 40), (16, 3), (5, 7)])
+@pytest.mark.parametrize("rows", [1, 5, 13, 40])
+@pytest.mark.usefixtures("kernel_build")
+def test_panel_product_argmax_follows_torch_argmax(out_features: int, in_features: int, rows: int) -> None:
+    """Each row's first maximum, as `torch.argmax` on the product it returns: random rows, rows whose
+    maximum repeats in several panels (the lowest column wins, whichever thread computed it), rows
+    of -inf and 0 (ties everywhere), and rows with NaN (the first NaN wins)."""
+    torch.manual_seed(out_features + rows)
+    weight = torch.randn(out_features, in_features)
+    weight[out_features // 2 :: 7] = weight[out_features // 3]  # a column repeated across panels
+    x = torch.randn(rows, in_features)
+    x[0] = 0.0  # every product 0: column 0
+    if rows > 2:
+        x[1, 0] = float("-inf")  # -inf or NaN (0 x -inf) or +inf across the row
+        x[2, 0] = float("nan")  # every product NaN: column 0
+    argmax = torch.full((rows,), -7, dtype=torch.long)
+    out = panel_product(x, pack_panels(weight), argmax=argmax)
+    assert argmax.tolist() == out.argmax(dim=-1).tolist()
+
+
 def test_panel_product_refuses_what_does_not_fit() -> None:
     packed = pack_panels(torch.randn(8, 6))
     for x in (torch.randn(3, 5), torch.randn(3, 6).double(), torch.randn(3, 0)):
@@ -200,6 +220,9 @@ def test_panel_product_refuses_what_does_not_fit() -> None:
             panel_product(x, packed)
     with pytest.raises(ValueError, match="contiguous float32"):
         pack_panels(torch.randn(6, 8).t())
+    for argmax in (torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="argmax must be"):
+            panel_product(torch.randn(3, 6), packed, argmax=argmax)
 
 
 def test_fused_kernels_leave_what_they_do_not_read_to_torch() -> None:

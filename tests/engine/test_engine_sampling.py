@@ -60,6 +60,17 @@ def test_greedy_tokens_follow_argmax_on_ties_nan_and_inf() -> None:
     assert greedy_tokens(logits)[3] == 17 and greedy_tokens(logits)[7] == 0 and greedy_tokens(logits)[9] == 31_999
 
 
+def test_a_known_argmax_is_used_unless_a_row_adjusts_its_logits() -> None:
+    """`prepare(greedy=...)` (the LM head's product found each row's argmax) spares the sampler its
+    own pass; a row with a logit bias or penalties makes it compute the argmax of what it adjusted."""
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    said = torch.tensor([2, 2])  # not the argmax: shows which one is used
+    assert Sampler().prepare(logits, [GREEDY, GREEDY], greedy=said).draw([0, 1]) == [2, 2]
+    biased = SamplingParams(temperature=0.0, logit_bias={0: 5.0})
+    assert Sampler().prepare(logits, [GREEDY, biased], greedy=said).draw([0, 1]) == [1, 0]
+    assert Sampler().prepare(logits, [GREEDY, GREEDY]).draw([0, 1]) == [1, 0]
+
+
 @pytest.mark.parametrize("vocab", [1, 7, 256, 257, 1000, 32_001])
 def test_greedy_tokens_match_argmax_for_any_vocabulary_size(vocab: int) -> None:
     """Two-pass greedy (span maxima, then the winning span) on vocabularies shorter than a span,

@@ -30,7 +30,7 @@ from contbatch.engine.device import resolve_device
 from contbatch.engine.host_memory import retain_freed_memory
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.linear import linear, pack_weight
-from contbatch.engine.native import add_rms_norm, silu_mul
+from contbatch.engine.native import add_rms_norm, panel_product, silu_mul
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
 
@@ -187,14 +187,29 @@ class LlamaModel:
             activated = F.silu(gate).mul_(up)
         return linear(activated, layer.down_t, layer.down_bias)
 
+    @property
+    def greedy_in_head(self) -> bool:
+        """Whether `forward` can also give each row's argmax (`greedy_out`): the LM head is in the
+        native kernels' column panels, whose product finds it while the logits are in cache."""
+        return self.lm_head_t.dim() == 1
+
     @torch.inference_mode()
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: PagedKVCache
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: PagedKVCache,
+        *,
+        greedy_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits [len(meta.sample_indices), vocab] (float32) for flat `input_ids`, `positions` [T].
 
-        Writes every token's K/V into `kv_cache` at `meta.slot_mapping`.
+        Writes every token's K/V into `kv_cache` at `meta.slot_mapping`. With `greedy_out` (an
+        int64 [rows] CPU tensor; only where `greedy_in_head`), also each row's `torch.argmax`.
         """
+        if greedy_out is not None and not self.greedy_in_head:
+            raise ValueError("greedy_out needs the LM head in column panels (greedy_in_head)")
         if input_ids.shape != positions.shape or input_ids.shape[0] != meta.num_tokens:
             raise ValueError(f"input_ids {tuple(input_ids.shape)} / positions / metadata disagree on the token count")
         h = self.embed.index_select(0, input_ids)  # a new tensor: the residual stream is updated in place
@@ -208,10 +223,12 @@ class LlamaModel:
             delta = self._mlp(self._add_norm(h, delta, layer.post_norm), layer)
         rows = meta.sample_indices  # the last residual add, for the sampled rows only
         last = None if delta is None else delta.index_select(0, rows)
-        return self._logits(self._add_norm(h.index_select(0, rows), last, self.final_norm)).float()
+        return self._logits(self._add_norm(h.index_select(0, rows), last, self.final_norm), greedy_out).float()
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+    def _logits(self, h: torch.Tensor, greedy_out: torch.Tensor | None = None) -> torch.Tensor:
         """h [R, H] (final-normalised) times the LM head; one row through the plain matrix."""
+        if greedy_out is not None:
+            return panel_product(h, self.lm_head_t, argmax=greedy_out)
         if h.shape[0] == 1 and self.lm_head_row_t is not None:
             return h @ self.lm_head_row_t
         return linear(h, self.lm_head_t)

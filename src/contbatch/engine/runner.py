@@ -237,8 +237,11 @@ class ModelRunner:
             result = StepResult()
             if run:
                 batch = self.build_batch(run, seqs, prompt_logprob_ids)
-                _, logits = self.compute_logits(run, seqs, batch=batch)
-                result = self._sample(batch, logits, seqs)
+                greedy = None  # each row's argmax, found by the LM head's product where it can
+                if self.model.greedy_in_head and batch.sample_ids:
+                    greedy = torch.empty(len(batch.sample_ids), dtype=torch.long)
+                _, logits = self.compute_logits(run, seqs, batch=batch, greedy_out=greedy)
+                result = self._sample(batch, logits, seqs, greedy)
             synchronize(self.device)  # a step that samples nothing (a prefill chunk, a swap) still queued work
             return result
         except StepError:
@@ -302,13 +305,21 @@ class ModelRunner:
         )
 
     def compute_logits(
-        self, chunks: Sequence[ScheduledChunk], seqs: Mapping[str, SequenceView], *, batch: FlatBatch | None = None
+        self,
+        chunks: Sequence[ScheduledChunk],
+        seqs: Mapping[str, SequenceView],
+        *,
+        batch: FlatBatch | None = None,
+        greedy_out: torch.Tensor | None = None,
     ) -> tuple[tuple[str, ...], torch.Tensor]:
         """(request id per row, float32 logits [rows, vocab]) for the chunks' rows (one per
         sampling chunk, one per token of a verification chunk); writes the chunks' KV. `batch`:
-        the chunks' flat batch, when already built."""
+        the chunks' flat batch, when already built; `greedy_out`: see `LlamaModel.forward`."""
         batch = batch if batch is not None else self.build_batch(chunks, seqs)
-        logits = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
+        meta = batch.meta
+        if greedy_out is None:
+            return batch.sample_ids, self.model.forward(batch.input_ids, batch.positions, meta, self.kv_cache)
+        logits = self.model.forward(batch.input_ids, batch.positions, meta, self.kv_cache, greedy_out=greedy_out)
         return batch.sample_ids, logits
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
@@ -321,15 +332,22 @@ class ModelRunner:
 
     # -- sampling --------------------------------------------------------------------------------
 
-    def _sample(self, batch: FlatBatch, logits: torch.Tensor, seqs: Mapping[str, SequenceView]) -> StepResult:
-        """Sample every sampling chunk, verify drafts, finish, and gather log-probabilities."""
+    def _sample(
+        self,
+        batch: FlatBatch,
+        logits: torch.Tensor,
+        seqs: Mapping[str, SequenceView],
+        greedy: torch.Tensor | None = None,
+    ) -> StepResult:
+        """Sample every sampling chunk, verify drafts, finish, and gather log-probabilities.
+        `greedy`: each logits row's argmax, when the forward found it."""
         sampling = [s for s in batch.spans if s.chunk.samples]
         sampled: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
         if sampling:
             saved = self._save_generators(sampling, seqs)
             try:
-                sampled, finished = self._sample_spans(sampling, logits, seqs)
+                sampled, finished = self._sample_spans(sampling, logits, seqs, greedy)
             except Exception as exc:
                 self._restore_generators(sampling, saved)
                 failing = self._failing_alone(sampling, logits, seqs)
@@ -344,12 +362,16 @@ class ModelRunner:
         )
 
     def _sample_spans(
-        self, sampling: Sequence[RowSpan], logits: torch.Tensor, seqs: Mapping[str, SequenceView]
+        self,
+        sampling: Sequence[RowSpan],
+        logits: torch.Tensor,
+        seqs: Mapping[str, SequenceView],
+        greedy: torch.Tensor | None = None,
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, FinishReason]]:
         """The tokens of every sampling chunk (drafts verified), and the requests they finish."""
         sampled: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
-        prepared, at = self._prepare(sampling, logits, seqs)
+        prepared, at = self._prepare(sampling, logits, seqs, greedy)
         # Plain sampling chunks draw together; verification chunks draw row by row.
         plain = [s for s in sampling if not s.verify]
         if plain:
@@ -407,10 +429,15 @@ class ModelRunner:
         return failing
 
     def _prepare(
-        self, sampling: Sequence[RowSpan], logits: torch.Tensor, seqs: Mapping[str, SequenceView]
+        self,
+        sampling: Sequence[RowSpan],
+        logits: torch.Tensor,
+        seqs: Mapping[str, SequenceView],
+        greedy: torch.Tensor | None = None,
     ) -> tuple[Prepared, dict[int, int]]:
         """The sampler's distributions of the rows that sample (each with its params and, for
-        penalties, its history), and each such row's index among them."""
+        penalties, its history), and each such row's index among them; `greedy`: each logits
+        row's argmax, when known."""
         sample_rows: list[int] = []
         row_params: list[SamplingParams] = []
         histories: list[History] = []
@@ -434,7 +461,8 @@ class ModelRunner:
         else:
             index = torch.tensor(sample_rows, dtype=torch.long, device=logits.device)
             sample_logits = logits.index_select(0, index)
-        prepared = self.sampler.prepare(sample_logits, row_params, histories if any_history else ())
+            greedy = None if greedy is None else greedy.index_select(0, index.to(greedy.device))
+        prepared = self.sampler.prepare(sample_logits, row_params, histories if any_history else (), greedy=greedy)
         return prepared, {row: j for j, row in enumerate(sample_rows)}
 
     def _verify(self, span: RowSpan, seq: SequenceView, prepared: Prepared, at: Mapping[int, int]) -> tuple[int, ...]:

@@ -111,6 +111,7 @@ class Prepared:
         cdf: torch.Tensor | None,
         last: torch.Tensor | None,
         random_index: dict[int, int],
+        greedy: list[int] | None = None,
     ) -> None:
         self._sampler = sampler
         self.adjusted = adjusted  # [R, vocab] float32: the logits after bias and penalties
@@ -118,7 +119,7 @@ class Prepared:
         self._cdf = cdf  # [random rows, vocab] cumulative probabilities (unnormalised)
         self._last = last  # [random rows] last token with mass
         self._random_index = random_index  # row -> its index in cdf
-        self._greedy: list[int] | None = None
+        self._greedy = greedy  # every row's argmax of `adjusted`, once known
 
     def greedy_token(self, row: int) -> int:
         """The row's most likely token (the first one on ties, as `argmax`), computed for every row at once."""
@@ -170,13 +171,20 @@ class Sampler:
         return prepared.draw(range(logits.shape[0]), generators)
 
     def prepare(
-        self, logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[History] = ()
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        histories: Sequence[History] = (),
+        *,
+        greedy: torch.Tensor | None = None,
     ) -> Prepared:
-        """Each row's distribution under its params (no draw yet)."""
+        """Each row's distribution under its params (no draw yet). `greedy`: each row's argmax of
+        `logits` when already known (`torch.argmax`'s rules; kept unless a row adjusts its logits)."""
         if logits.shape[0] != len(params):
             raise ValueError(f"{logits.shape[0]} logits rows but {len(params)} sampling params")
         x = logits.float()
         adjust = [i for i, p in enumerate(params) if p.adjusts_logits]
+        known = None if greedy is None or adjust else greedy.tolist()
         if adjust:
             x = x.clone()
             for i in adjust:
@@ -187,10 +195,10 @@ class Sampler:
                 x[i] = row
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if not random_rows:
-            return Prepared(self, adjusted=x, params=params, cdf=None, last=None, random_index={})
+            return Prepared(self, adjusted=x, params=params, cdf=None, last=None, random_index={}, greedy=known)
         cdf, last = self._distribution(x, random_rows, params)
         index = {row: j for j, row in enumerate(random_rows)}
-        return Prepared(self, adjusted=x, params=params, cdf=cdf, last=last, random_index=index)
+        return Prepared(self, adjusted=x, params=params, cdf=cdf, last=last, random_index=index, greedy=known)
 
     def _distribution(
         self, x: torch.Tensor, rows: list[int], params: Sequence[SamplingParams]

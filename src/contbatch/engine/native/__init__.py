@@ -93,7 +93,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "silu_mul": ([_PTR, _PTR, _I64, _I64, _INT], None),  # gate_up, out, rows, n, num_threads
     "gemm_preferred": ([], _INT),
     "pack_panels": ([_PTR, _I64, _I64, _PTR], None),  # w, N, K, packed
-    "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT], None),  # a, lda, packed, c, M, N, K, num_threads
+    # a, lda, packed, c, M, N, K, num_threads, argmax (NULL: none)
+    "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT, _PTR], None),
 }  # fmt: skip
 
 
@@ -314,20 +315,28 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def panel_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x [M, K] times the weight `pack_panels` packed (transposed): a new contiguous [M, N] tensor."""
+def panel_product(x: torch.Tensor, packed: torch.Tensor, *, argmax: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] times the weight `pack_panels` packed (transposed): a new contiguous [M, N] tensor.
+    With `argmax` (a contiguous int64 [M] CPU tensor), also each row's first maximum, found while
+    the products are in cache (`torch.argmax`'s rules: the lowest column on ties, a NaN counting
+    as the maximum); MemoryError if its scratch could not be allocated."""
     library = native_library()
     if library is None:
         raise NativeUnavailable("the native kernels are off: a panel-packed weight cannot be multiplied")
     rows, width = x.shape
     if x.dtype != torch.float32 or x.device.type != "cpu" or width == 0 or packed.numel() % width:
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit a panel-packed weight of {packed.numel()} floats")
+    if argmax is not None and (argmax.shape != (rows,) or not _on_cpu(torch.int64, argmax)):
+        raise ValueError(f"argmax must be a contiguous int64 [{rows}] CPU tensor, got {tuple(argmax.shape)}")
     if x.stride(1) != 1:
         x = x.contiguous()
     out = x.new_empty((rows, packed.numel() // width))
     if rows:
         threads = torch.get_num_threads()
+        best = None if argmax is None else argmax.data_ptr()
         library.gemm_panels(
-            x.data_ptr(), x.stride(0), packed.data_ptr(), out.data_ptr(), rows, out.shape[1], width, threads
+            x.data_ptr(), x.stride(0), packed.data_ptr(), out.data_ptr(), rows, out.shape[1], width, threads, best
         )
+        if argmax is not None and int(argmax[0]) < 0:
+            raise MemoryError("the native panel product could not allocate its argmax scratch")
     return out

@@ -9,11 +9,17 @@
    fused multiply-adds). Panels go PANELS_PER_GRAB at a time to whichever of `num_threads` OpenMP
    threads (torch's, as for the other kernels) is free: a thread that loses its core to another
    process (a server's HTTP side, its client) holds up its own panels only, where a static split
-   made every other thread wait for its half. gemm_preferred() says whether the engine should pack its weights this way:
-   this build has the AVX2 and FMA loops, and the CPU has no AVX-512 (where oneDNN's products
-   use vectors twice as wide). Without AVX2 gemm_panels runs plain loops, right but slow. */
+   made every other thread wait for its half. Given `argmax`, gemm_panels also finds each row's
+   first maximum (panel_best: each panel's columns scanned right after its tile is stored, while
+   they are in cache; the threads' results merged after), which a greedy step would otherwise
+   read the whole [M, N] product again for. gemm_preferred() says whether the engine should pack
+   its weights this way: this build has the AVX2 and FMA loops, and the CPU has no AVX-512 (where
+   oneDNN's products use vectors twice as wide). Without AVX2 gemm_panels runs plain loops, right
+   but slow. */
 
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #if defined(__AVX2__) && defined(__FMA__) && !defined(CONTBATCH_NATIVE_PORTABLE)
 #include <immintrin.h>
 #define GEMM_AVX2 1
@@ -90,19 +96,87 @@ static void panel_rows(const float *a, int64_t lda, const float *panel, int64_t 
 }
 #endif
 
-void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
-                 int num_threads) {
-  const int64_t panels = (N + NR - 1) / NR;
-#pragma omp parallel for schedule(dynamic, PANELS_PER_GRAB) num_threads(num_threads)
-  for (int64_t p = 0; p < panels; p++) {
-    const int64_t first = p * NR, width = N - first < NR ? N - first : NR;
-    const float *panel = packed + first * K;
-#ifdef GEMM_AVX2
-    if (width == NR) {
-      panel_rows(a, lda, panel, K, c + first, N, M);
-      continue;
+/* Each row's first maximum over the columns [first, first + width) of c, merged into (value[r],
+   column[r]) (column -1: none yet); a NaN counts as larger than any number, and the first NaN
+   is kept (torch.argmax's rules). Columns must arrive in increasing order for one (value,
+   column) pair: a later column replaces only a strictly larger value, or a first NaN. */
+static void panel_best(const float *c, int64_t ldc, int64_t M, int64_t first, int64_t width, float *value,
+                       int64_t *column) {
+  for (int64_t r = 0; r < M; r++) {
+    const float *x = c + r * ldc + first;
+    float top = x[0];
+    int nan = 0;
+#pragma omp simd reduction(max : top) reduction(| : nan)
+    for (int64_t j = 0; j < width; j++) {
+      top = x[j] > top ? x[j] : top;
+      nan |= x[j] != x[j];
     }
-#endif
-    tile_portable(a, lda, panel, K, width, c + first, N, M);
+    const float best = value[r]; /* (unset while column[r] < 0) */
+    if (column[r] >= 0 && best != best) continue; /* a NaN already: nothing comes first */
+    if (nan) {
+      int64_t j = 0;
+      while (j + 1 < width && x[j] == x[j]) j++;
+      value[r] = x[j];
+      column[r] = first + j;
+    } else if (column[r] < 0 || top > best) {
+      int64_t j = 0;
+      while (j + 1 < width && x[j] != top) j++;
+      value[r] = top;
+      column[r] = first + j;
+    }
   }
+}
+
+void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
+                 int num_threads, int64_t *argmax) {
+  const int64_t panels = (N + NR - 1) / NR;
+  /* with argmax: one (value, column) per row and thread, merged after the products */
+  float *values = argmax == NULL ? NULL : malloc(sizeof(float) * M * num_threads);
+  int64_t *columns = argmax == NULL ? NULL : malloc(sizeof(int64_t) * M * num_threads);
+  if (argmax != NULL && (values == NULL || columns == NULL)) {
+    free(values);
+    free(columns);
+    values = NULL;
+    columns = NULL; /* no memory: argmax[0] = -1 says so */
+  }
+  for (int64_t i = 0; columns != NULL && i < M * num_threads; i++) columns[i] = -1;
+#pragma omp parallel num_threads(num_threads)
+  {
+    const int t = omp_get_thread_num();
+#pragma omp for schedule(dynamic, PANELS_PER_GRAB)
+    for (int64_t p = 0; p < panels; p++) {
+      const int64_t first = p * NR, width = N - first < NR ? N - first : NR;
+      const float *panel = packed + first * K;
+#ifdef GEMM_AVX2
+      if (width == NR)
+        panel_rows(a, lda, panel, K, c + first, N, M);
+      else
+#endif
+        tile_portable(a, lda, panel, K, width, c + first, N, M);
+      if (columns != NULL) panel_best(c, N, M, first, width, values + t * M, columns + t * M);
+    }
+  }
+  if (argmax == NULL) return;
+  if (columns == NULL) {
+    argmax[0] = -1;
+    return;
+  }
+  for (int64_t r = 0; r < M; r++) { /* the threads' bests: a NaN first, else the largest, the lowest column on ties */
+    int64_t pick = -1;
+    float best = 0.f;
+    for (int t = 0; t < num_threads; t++) {
+      const int64_t col = columns[t * M + r];
+      if (col < 0) continue;
+      const float v = values[t * M + r];
+      const int nan = v != v, best_nan = pick >= 0 && best != best;
+      if (pick < 0 || (nan && (!best_nan || col < pick)) ||
+          (!nan && !best_nan && (v > best || (v == best && col < pick)))) {
+        pick = col;
+        best = v;
+      }
+    }
+    argmax[r] = pick;
+  }
+  free(values);
+  free(columns);
 }
