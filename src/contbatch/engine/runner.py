@@ -317,8 +317,6 @@ class ModelRunner:
         the chunks' flat batch, when already built; `greedy_out`: see `LlamaModel.forward`."""
         batch = batch if batch is not None else self.build_batch(chunks, seqs)
         meta = batch.meta
-        if greedy_out is None:
-            return batch.sample_ids, self.model.forward(batch.input_ids, batch.positions, meta, self.kv_cache)
         logits = self.model.forward(batch.input_ids, batch.positions, meta, self.kv_cache, greedy_out=greedy_out)
         return batch.sample_ids, logits
 
