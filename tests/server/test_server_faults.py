@@ -371,11 +371,16 @@ class PoisonSampler(Sampler):
     """Raises when preparing any row of a request with seed `POISON_SEED` (its parameters break it)."""
 
     def prepare(
-        self, logits: torch.Tensor, params: Sequence[SamplingParams], histories: Sequence[History] = ()
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        histories: Sequence[History] = (),
+        *,
+        greedy: torch.Tensor | None = None,
     ) -> Prepared:
         if any(p.seed == POISON_SEED for p in params):
             raise FloatingPointError("simulated sampler fault")
-        return super().prepare(logits, params, histories)
+        return super().prepare(logits, params, histories, greedy=greedy)
 
 
 @pytest.fixture(scope="module")
