@@ -74,9 +74,14 @@ def pack_weight(
     return PACKERS[layout or weight_layout(device, dtype)](weight.to(device=device, dtype=dtype))
 
 
+def in_panels(packed: torch.Tensor) -> bool:
+    """Whether `packed` is in the `panels` layout (the only 1-D one)."""
+    return packed.dim() == 1
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x` [rows, in] times the weight `pack_weight` laid out, plus `bias` [out] when given."""
-    if packed.dim() == 1:  # panels
+    if in_panels(packed):
         out = native.panel_product(x, packed)
         return out if bias is None else out.add_(bias)
     if packed.is_mkldnn:

@@ -29,7 +29,7 @@ from contbatch.engine.attention import AttentionMetadata, paged_attention, windo
 from contbatch.engine.device import resolve_device
 from contbatch.engine.host_memory import retain_freed_memory
 from contbatch.engine.kv_cache import PagedKVCache
-from contbatch.engine.linear import linear, pack_weight
+from contbatch.engine.linear import in_panels, linear, pack_weight
 from contbatch.engine.native import add_rms_norm, panel_product, silu_mul
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
@@ -191,7 +191,7 @@ class LlamaModel:
     def greedy_in_head(self) -> bool:
         """Whether `forward` can also give each row's argmax (`greedy_out`): the LM head is in the
         native kernels' column panels, whose product finds it while the logits are in cache."""
-        return self.lm_head_t.dim() == 1
+        return in_panels(self.lm_head_t)
 
     @torch.inference_mode()
     def forward(

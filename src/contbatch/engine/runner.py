@@ -316,8 +316,7 @@ class ModelRunner:
         sampling chunk, one per token of a verification chunk); writes the chunks' KV. `batch`:
         the chunks' flat batch, when already built; `greedy_out`: see `LlamaModel.forward`."""
         batch = batch if batch is not None else self.build_batch(chunks, seqs)
-        meta = batch.meta
-        logits = self.model.forward(batch.input_ids, batch.positions, meta, self.kv_cache, greedy_out=greedy_out)
+        logits = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_cache, greedy_out=greedy_out)
         return batch.sample_ids, logits
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
