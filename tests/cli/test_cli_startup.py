@@ -116,6 +116,7 @@ _NOT_FOR_SIMULATE = (
     "contbatch.traces.burstgpt",
     "contbatch.traces.canonical_csv",
     "contbatch.traces.vidur",
+    "difflib",  # (the JSONL loader's hint for an unknown key only)
     "importlib.resources",
 )
 

@@ -259,12 +259,14 @@ def test_a_slow_loris_body_gets_408_and_its_connection_closed() -> None:
         server.stop()
 
 
-def test_a_connection_without_a_request_head_is_closed() -> None:
+@pytest.mark.parametrize("parser", ["h11", "httptools"])
+def test_a_connection_without_a_request_head_is_closed(parser: str) -> None:
     """Slow loris on the headers, or a connection that sends nothing: closed after the head
     timeout; a request whose head arrived is not cut short by it (its body has its own limit),
-    and a keep-alive connection serves request after request."""
+    and a keep-alive connection serves request after request. Over either request parser."""
+    pytest.importorskip(parser)
     app = build_app(build_parser().parse_args(["serve", "--backend", "sim", "--body-timeout", "5"]))
-    server = start_app(app, http=limited_protocol(0.5, None))
+    server = start_app(app, http=limited_protocol(0.5, None, parser))
     try:
         with _connect(server) as silent, _connect(server) as trickling:
             trickling.sendall(b"POST /v1/completions HTTP/1.1\r\nHo")
@@ -329,6 +331,50 @@ def test_serve_passes_its_limits_to_uvicorn(monkeypatch: pytest.MonkeyPatch) -> 
     assert ran["limit_concurrency"] is None
     assert (ran["http"].head_timeout_s, ran["http"].send_buffer) == (None, None)
     assert serve_cmd.build_app(args).state.config.body_timeout_s is None
+
+
+def test_serve_runs_the_parser_and_loop_its_flags_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--http` picks the protocol the limits are mixed into, `--loop` goes to uvicorn as it is;
+    `auto` is the C parser where it is installed. The flags' names are the registry's."""
+    import importlib.util
+
+    import uvicorn
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from contbatch.cli import serve_cmd
+    from contbatch.server import connections
+
+    assert (connections.AUTO, *connections.PARSERS) == serve_cmd.HTTP_PARSERS
+    ran: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.update(options))
+    assert serve_cmd.run_serve_command(build_parser().parse_args(["serve", "--http", "h11", "--loop", "asyncio"])) == 0
+    assert issubclass(ran["http"], H11Protocol) and issubclass(ran["http"], LimitedProtocol)
+    assert ran["loop"] == "asyncio"
+    assert serve_cmd.run_serve_command(build_parser().parse_args(["serve"])) == 0
+    assert ran["loop"] == "auto"
+    if importlib.util.find_spec("httptools") is not None:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        assert issubclass(ran["http"], HttpToolsProtocol) and issubclass(ran["http"], LimitedProtocol)
+
+
+@pytest.mark.parametrize("flag", ["--http", "--loop"])
+def test_a_parser_or_loop_that_is_not_installed_is_a_usage_error(
+    flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    import uvicorn
+
+    from contbatch.cli import serve_cmd
+
+    choice = {"--http": "httptools", "--loop": "uvloop"}[flag]
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == choice else real(name, *a))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: pytest.fail("uvicorn ran"))
+    assert serve_cmd.run_serve_command(build_parser().parse_args(["serve", flag, choice])) == 2
+    err = capsys.readouterr().err
+    assert err == f"contbatch serve: error: {flag} {choice}: {choice} is not installed (pip install {choice})\n"
 
 
 def test_each_connection_gets_a_bounded_send_buffer_and_no_delay() -> None:

@@ -21,7 +21,7 @@ import sys
 from typing import Any
 
 from contbatch.cli.options import UsageError
-from contbatch.cli.serve_cmd import DEFAULT_SEND_BUFFER, api_keys, run_http
+from contbatch.cli.serve_cmd import DEFAULT_SEND_BUFFER, add_http_flags, api_keys, run_http
 from contbatch.routing import RouterSpecError, make_router, router_help
 
 UPSTREAM_KEY_ENV = "CONTBATCH_UPSTREAM_API_KEY"
@@ -184,6 +184,7 @@ def add_route_parser(commands: Any) -> None:
         metavar="N",
         help="open client connections at most (0: no limit; default %(default)s)",
     )
+    add_http_flags(access)
     route.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     route.add_argument("--access-log", action="store_true", help="log every HTTP request")
 

@@ -42,6 +42,26 @@ SERVER_DEFAULTS: tuple[str, ...] = (
 )
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 DEFAULT_SEND_BUFFER = 64 << 10  # bytes; see the module docstring
+# the names of `contbatch.server.connections` (AUTO and PARSERS; named here: building the parser
+# must not import uvicorn) and uvicorn's event loops; auto: the C one when it is installed
+HTTP_PARSERS = ("auto", "h11", "httptools")
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def add_http_flags(parser: Any) -> None:
+    """``--http`` (the request parser) and ``--loop`` (the event loop), for `serve` and `route`."""
+    parser.add_argument(
+        "--http",
+        choices=HTTP_PARSERS,
+        default="auto",
+        help="HTTP request parser: httptools (C) when it is installed, else h11 (default %(default)s)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=EVENT_LOOPS,
+        default="auto",
+        help="event loop: uvloop when it is installed, else asyncio's (default %(default)s)",
+    )
 
 
 def add_serve_parser(commands: Any) -> None:
@@ -148,6 +168,7 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
         metavar="N",
         help="long prompts admitted to them at once (503 beyond; default %(default)s)",
     )
+    add_http_flags(serve)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -227,13 +248,21 @@ def build_app(args: argparse.Namespace) -> Any:
 
 
 def uvicorn_options(args: argparse.Namespace, send_buffer: int) -> dict[str, Any]:
-    """The connection limits of the flags (`--limit-concurrency`, `--header-timeout`) and a
-    connection's send buffer (bytes), as `uvicorn.Config` options (`contbatch.server.connections`)."""
+    """The connection limits of the flags (`--limit-concurrency`, `--header-timeout`), a
+    connection's send buffer (bytes), the parser and the event loop (`--http`, `--loop`), as
+    `uvicorn.Config` options (`contbatch.server.connections`). `UsageError` when the parser or
+    the loop named is not installed."""
+    import importlib.util
+
     from contbatch.server.connections import limited_protocol
 
+    for flag, choice in (("--http", args.http), ("--loop", args.loop)):
+        if choice in ("httptools", "uvloop") and importlib.util.find_spec(choice) is None:
+            raise UsageError(f"{flag} {choice}: {choice} is not installed (pip install {choice})")
     return {
         "limit_concurrency": args.limit_concurrency or None,
-        "http": limited_protocol(args.header_timeout, send_buffer),
+        "http": limited_protocol(args.header_timeout, send_buffer, args.http),
+        "loop": args.loop,
     }
 
 
@@ -242,6 +271,11 @@ def run_http(app: Any, args: argparse.Namespace, *, command: str, keyed: bool, s
     and `route` alike); first a warning when it is open beyond this machine without API keys."""
     import uvicorn
 
+    try:
+        options = uvicorn_options(args, send_buffer)
+    except UsageError as exc:
+        print(f"contbatch {command}: error: {exc}", file=sys.stderr)
+        return 2
     if not keyed and args.host not in LOCAL_HOSTS:
         print(
             f"contbatch {command}: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
@@ -254,7 +288,7 @@ def run_http(app: Any, args: argparse.Namespace, *, command: str, keyed: bool, s
         log_level=args.log_level,
         access_log=args.access_log,
         timeout_graceful_shutdown=grace_s,
-        **uvicorn_options(args, send_buffer),
+        **options,
     )
     return 0
 

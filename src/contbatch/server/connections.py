@@ -1,5 +1,6 @@
-"""Connection-level limits that uvicorn lacks, in its h11 protocol (`LimitedProtocol`, which
-`contbatch serve` runs on):
+"""Connection-level limits that uvicorn lacks, added to its HTTP protocols (`LimitedProtocol`, which
+`contbatch serve` and `contbatch route` run on, over the request parser `--http` names: httptools,
+uvicorn's C parser, when it is installed, else h11, in pure Python):
 
 - a time limit on a request's head. uvicorn closes a keep-alive connection idle after a response
   (``timeout_keep_alive``) but waits forever for the head of a request: a client that connects
@@ -20,14 +21,40 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import socket
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+if TYPE_CHECKING:
+    _Protocol = H11Protocol  # what the limits need of a uvicorn protocol, which the httptools one has too
+else:
+    _Protocol = object
 
-class LimitedProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a head timeout and a bounded send buffer (module docstring)."""
+
+def _httptools() -> type[Any]:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    return HttpToolsProtocol
+
+
+PARSERS: dict[str, Callable[[], type[Any]]] = {"h11": lambda: H11Protocol, "httptools": _httptools}
+AUTO = "auto"  # httptools when it is installed, else h11 (as uvicorn's own `--http auto`)
+
+
+def parser_name(choice: str) -> str:
+    """The parser `choice` (a key of `PARSERS`, or `AUTO`) stands for here."""
+    if choice != AUTO:
+        return choice
+    return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
+
+
+class LimitedProtocol(_Protocol):
+    """A head timeout and a bounded send buffer (module docstring), mixed into a uvicorn HTTP
+    protocol (`limited_protocol`). Both protocols it goes with parse what arrives in
+    `data_received` and keep the request under way as `cycle` (None before the first)."""
 
     head_timeout_s: ClassVar[float | None] = 20.0
     send_buffer: ClassVar[int | None] = 64 << 10
@@ -45,8 +72,8 @@ class LimitedProtocol(H11Protocol):
                 transport.set_write_buffer_limits(high=self.send_buffer // 4)
         self._arm()
 
-    def handle_events(self) -> None:
-        super().handle_events()
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
         if not self._waiting_for_head() and self._head_timer is not None:
             self._head_timer.cancel()  # a request is under way: its body has its own limit
             self._head_timer = None
@@ -77,7 +104,8 @@ class LimitedProtocol(H11Protocol):
             self.transport.close()
 
 
-def limited_protocol(head_timeout_s: float | None, send_buffer: int | None) -> type[Any]:
-    """`LimitedProtocol` with its limits (None or 0: none), for ``uvicorn.Config(http=...)``."""
+def limited_protocol(head_timeout_s: float | None, send_buffer: int | None, parser: str = AUTO) -> type[Any]:
+    """`LimitedProtocol` with its limits (None or 0: none) over `parser`'s protocol (`PARSERS`,
+    or `AUTO`), for ``uvicorn.Config(http=...)``. ImportError when that parser is not installed."""
     limits = {"head_timeout_s": head_timeout_s or None, "send_buffer": send_buffer or None}
-    return type("LimitedProtocol", (LimitedProtocol,), limits)
+    return type("LimitedProtocol", (LimitedProtocol, PARSERS[parser_name(parser)]()), limits)

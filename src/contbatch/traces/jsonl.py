@@ -20,7 +20,6 @@ omitted).
 
 from __future__ import annotations
 
-import difflib
 import json
 from typing import Any
 
@@ -58,9 +57,9 @@ def parse_jsonl(text: str, label: str, *, name: str, time_unit: str, source: str
 
 def _request_from_line(line: str, where: Where) -> TraceRequest:
     obj = _decode_object(line, where)
-    for key in obj:
-        if key not in CANONICAL_FIELDS:
-            raise where.error(_unknown_key_problem(key), key)
+    if not obj.keys() <= CANONICAL_FIELDS.keys():  # (one set comparison; then the first stranger)
+        key = next(key for key in obj if key not in CANONICAL_FIELDS)
+        raise where.error(_unknown_key_problem(key), key)
     for key in REQUIRED_FIELDS:
         if obj.get(key) is None:
             raise where.error("missing required field", key)
@@ -102,6 +101,8 @@ def _decode_object(line: str, where: Where) -> dict[str, Any]:
 
 
 def _unknown_key_problem(key: str) -> str:
+    import difflib  # (only for a bad key: not loaded for every trace)
+
     close = difflib.get_close_matches(key, CANONICAL_FIELDS, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return f"unknown key (expected {', '.join(CANONICAL_FIELDS)}){hint}"
