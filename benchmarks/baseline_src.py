@@ -4,6 +4,7 @@ exported `src` on PYTHONPATH) that prints its result as JSON on its last line.""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -45,6 +46,20 @@ def run_side(cmd: list[str], src: Path | None, name: str) -> Any:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         sys.exit(f"{name}: the run failed on {'this working tree' if src is None else 'the baseline'}: {last}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def parse_or_work(
+    parser: argparse.ArgumentParser, worker: Callable[[argparse.Namespace], Any]
+) -> argparse.Namespace | None:
+    """Parse the command line, with the hidden ``--worker`` flag that `run_side`'s child is given:
+    in that child, print `worker(args)` as the JSON line `run_side` reads and return None; in
+    the parent, the arguments."""
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not args.worker:
+        return args
+    print(json.dumps(worker(args)))
+    return None
 
 
 def alternating(commit: str, reps: int, run: Callable[[Path, str], T]) -> dict[str, list[T]]:

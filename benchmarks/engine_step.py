@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from baseline_src import alternating
+from baseline_src import alternating, parse_or_work
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -412,10 +412,8 @@ def main() -> None:
     parser.add_argument("--retries", type=int, default=3, help="reruns of a contended worker run")
     parser.add_argument("--quiet-wait", type=float, default=120.0, help="seconds to wait for an idle machine")
     parser.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "engine_step.json"))
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args)))
+    args = parse_or_work(parser, worker)
+    if args is None:
         return
     runs = alternating(args.baseline, args.reps, lambda src, _: run_worker(src, args))
     sides = {side: medians(r) for side, r in runs.items()}

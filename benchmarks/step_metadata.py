@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from baseline_src import alternating, run_side
+from baseline_src import alternating, parse_or_work, run_side
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,10 +74,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50, help="build_metadata calls per case")
     parser.add_argument("--steps", type=int, default=5, help="timed steps of the long chunk (median)")
     parser.add_argument("--json-out", default=str(ROOT / "benchmarks" / "results" / "step_metadata.json"))
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args)))
+    args = parse_or_work(parser, worker)
+    if args is None:
         return
     cmd = [sys.executable, __file__, "--worker", "--calls", str(args.calls), "--steps", str(args.steps)]
     runs = alternating(args.baseline, args.reps, lambda src, side: run_side(cmd, src, side))

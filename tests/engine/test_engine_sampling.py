@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contbatch.engine.sampling import Sampler, greedy_tokens
+from contbatch.engine.sampling import Sampler, greedy_tokens, reads_known_argmax
 from contbatch.loop.params import GREEDY, SamplingParams
 
 
@@ -69,6 +69,17 @@ def test_a_known_argmax_is_used_unless_a_row_adjusts_its_logits() -> None:
     biased = SamplingParams(temperature=0.0, logit_bias={0: 5.0})
     assert Sampler().prepare(logits, [GREEDY, biased], greedy=said).draw([0, 1]) == [1, 0]
     assert Sampler().prepare(logits, [GREEDY, GREEDY]).draw([0, 1]) == [1, 0]
+
+
+def test_the_runner_asks_for_the_argmax_only_where_the_sampler_reads_it() -> None:
+    """`reads_known_argmax`: some row greedy, none adjusting its logits (the runner then has the LM
+    head's product find it; all-random or adjusted batches skip that scan)."""
+    random_row = SamplingParams(temperature=0.8)
+    biased = SamplingParams(temperature=0.0, logit_bias={0: 5.0})
+    assert reads_known_argmax([GREEDY, random_row])
+    assert not reads_known_argmax([random_row, random_row])
+    assert not reads_known_argmax([GREEDY, biased])
+    assert not reads_known_argmax([])
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 256, 257, 1000, 32_001])

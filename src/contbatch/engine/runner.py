@@ -61,7 +61,7 @@ from contbatch.engine.device import resolve_device, synchronize
 from contbatch.engine.kv_cache import PagedKVCache, num_blocks_for_memory
 from contbatch.engine.loader import load_checkpoint
 from contbatch.engine.model import LlamaModel, resolve_dtype
-from contbatch.engine.sampling import History, Prepared, Sampler, logprobs_of
+from contbatch.engine.sampling import History, Prepared, Sampler, logprobs_of, reads_known_argmax
 from contbatch.engine.spec import ModelSpec
 from contbatch.loop.executor import StepError
 from contbatch.loop.params import GREEDY, SamplingParams
@@ -237,9 +237,10 @@ class ModelRunner:
             result = StepResult()
             if run:
                 batch = self.build_batch(run, seqs, prompt_logprob_ids)
-                greedy = None  # each row's argmax, found by the LM head's product where it can
-                if self.model.greedy_in_head and batch.sample_ids:
-                    greedy = torch.empty(len(batch.sample_ids), dtype=torch.long)
+                greedy = None  # each row's argmax, found by the LM head's product where it can and is read
+                rows = [seqs[rid].params for rid in batch.sample_ids]
+                if self.model.greedy_in_head and rows and reads_known_argmax(rows):
+                    greedy = torch.empty(len(rows), dtype=torch.long)
                 _, logits = self.compute_logits(run, seqs, batch=batch, greedy_out=greedy)
                 result = self._sample(batch, logits, seqs, greedy)
             synchronize(self.device)  # a step that samples nothing (a prefill chunk, a swap) still queued work

@@ -184,7 +184,7 @@ class Sampler:
             raise ValueError(f"{logits.shape[0]} logits rows but {len(params)} sampling params")
         x = logits.float()
         adjust = [i for i, p in enumerate(params) if p.adjusts_logits]
-        known = None if greedy is None or adjust else greedy.tolist()
+        known = greedy.tolist() if greedy is not None and reads_known_argmax(params) else None
         if adjust:
             x = x.clone()
             for i in adjust:
@@ -216,6 +216,12 @@ class Sampler:
 
 
 _GREEDY_SPAN = 256  # vocabulary entries per span of `greedy_tokens`' first pass
+
+
+def reads_known_argmax(params: Sequence[SamplingParams]) -> bool:
+    """Whether `Sampler.prepare` reads a known argmax (`greedy`) for rows of `params`: some row is
+    greedy and no row adjusts its logits (the argmax is of the logits as they came)."""
+    return any(p.greedy for p in params) and not any(p.adjusts_logits for p in params)
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:

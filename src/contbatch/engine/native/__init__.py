@@ -94,7 +94,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "gemm_preferred": ([], _INT),
     "pack_panels": ([_PTR, _I64, _I64, _PTR], None),  # w, N, K, packed
     # a, lda, packed, c, M, N, K, num_threads, argmax (NULL: none)
-    "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT, _PTR], None),
+    "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT, _PTR], _INT),
 }  # fmt: skip
 
 
@@ -334,9 +334,9 @@ def panel_product(x: torch.Tensor, packed: torch.Tensor, *, argmax: torch.Tensor
     if rows:
         threads = torch.get_num_threads()
         best = None if argmax is None else argmax.data_ptr()
-        library.gemm_panels(
+        failed = library.gemm_panels(
             x.data_ptr(), x.stride(0), packed.data_ptr(), out.data_ptr(), rows, out.shape[1], width, threads, best
         )
-        if argmax is not None and int(argmax[0]) < 0:
+        if failed:
             raise MemoryError("the native panel product could not allocate its argmax scratch")
     return out

@@ -127,8 +127,10 @@ static void panel_best(const float *c, int64_t ldc, int64_t M, int64_t first, in
   }
 }
 
-void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
-                 int num_threads, int64_t *argmax) {
+/* 0, or -1 when `argmax` was asked for and its scratch could not be allocated (c is then the
+   product, argmax untouched). */
+int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
+                int num_threads, int64_t *argmax) {
   const int64_t panels = (N + NR - 1) / NR;
   /* with argmax: one (value, column) per row and thread, merged after the products */
   float *values = argmax == NULL ? NULL : malloc(sizeof(float) * M * num_threads);
@@ -137,7 +139,7 @@ void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int
     free(values);
     free(columns);
     values = NULL;
-    columns = NULL; /* no memory: argmax[0] = -1 says so */
+    columns = NULL; /* no memory: the product alone, and -1 */
   }
   for (int64_t i = 0; columns != NULL && i < M * num_threads; i++) columns[i] = -1;
 #pragma omp parallel num_threads(num_threads)
@@ -156,11 +158,8 @@ void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int
       if (columns != NULL) panel_best(c, N, M, first, width, values + t * M, columns + t * M);
     }
   }
-  if (argmax == NULL) return;
-  if (columns == NULL) {
-    argmax[0] = -1;
-    return;
-  }
+  if (argmax == NULL) return 0;
+  if (columns == NULL) return -1;
   for (int64_t r = 0; r < M; r++) { /* the threads' bests: a NaN first, else the largest, the lowest column on ties */
     int64_t pick = -1;
     float best = 0.f;
@@ -179,4 +178,5 @@ void gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int
   }
   free(values);
   free(columns);
+  return 0;
 }
