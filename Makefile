@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck docs clean
+.PHONY: demo test test-fast compiled lint typecheck docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-demo: $(STAMP)
+# the scheduler core and the simulator's hot loop compiled with mypyc (src/contbatch/compiled.py):
+# built on first use and whenever one of their sources changed, else a check of a few ms
+compiled: $(STAMP)
+	$(BIN)/python -m contbatch.compiled_build
+
+demo: compiled
 	$(BIN)/contbatch compare --trace seed --cost unit:8
 
 lint: $(STAMP)
@@ -27,13 +32,13 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-test: $(STAMP) lint typecheck docs
+test: compiled lint typecheck docs
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # the inner loop, under 2 minutes: ruff, then the suite without the tests marked slow, with the
 # `fast` Hypothesis profile (10 examples a property; tests/conftest.py); no mypy, no docs
-test-fast: $(STAMP) lint
+test-fast: compiled lint
 	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) src/contbatch/_compiled .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -288,9 +288,12 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 if blis is not None and w.blis_requests is not None:
                     runs[name]["blis"].append(_blis(blis, w.blis_requests, Path(tmp)))
                 print(f"rep {rep + 1}/{args.reps} {name} done", file=sys.stderr, flush=True)
+    from contbatch import compiled  # which core this checkout's side ran (contbatch.compiled)
+
     table = {name: _row(r) for name, r in runs.items()}
     _print(table, args.baseline)
-    machine = {"python": platform.python_version(), "machine": platform.machine()}
+    print(f"core: {compiled.describe()}")
+    machine = {"python": platform.python_version(), "machine": platform.machine(), "core": compiled.describe()}
     doc = {**machine, "args": vars(args) | {"blis": str(args.blis)}, "table": table, "runs": runs}
     Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
 

@@ -24,13 +24,21 @@ suite must pass on a loaded 2-core machine, where an example's wall time says no
 A test that needs more (or fewer) examples than the others states it as a multiple of the
 profile's count, never as a fixed number, so that the profile scales it too:
 ``@settings(max_examples=4 * settings().max_examples)`` (`settings()` is the loaded profile).
+
+The core under test is the compiled one where its build is current (`contbatch.compiled`; the
+header says which). A test marked `interpreted` patches the core's internals, which compiled
+code does not allow: with the compiled core it is skipped here and run on the Python core by
+tests/test_compiled.py, which gets their node ids from the `interpreted_tests` fixture.
 """
 
 from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from contbatch import compiled
 
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
@@ -44,3 +52,23 @@ settings.register_profile("fast", _ANY_LOAD, max_examples=10)
 settings.register_profile("dev", settings.get_profile("fast"))
 settings.register_profile("thorough", _ANY_LOAD, max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+INTERPRETED = pytest.StashKey[list[str]]()  # node ids of the collected tests marked `interpreted`
+
+
+def pytest_report_header() -> str:
+    return f"contbatch core: {compiled.describe()}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[INTERPRETED] = [item.nodeid for item in items if "interpreted" in item.keywords]
+    if compiled.in_use():
+        skip = pytest.mark.skip(reason="patches the core's internals: tests/test_compiled.py runs it in Python")
+        for item in items:
+            if "interpreted" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def interpreted_tests(request: pytest.FixtureRequest) -> list[str]:
+    return request.config.stash.get(INTERPRETED, [])

@@ -5,4 +5,8 @@ One iteration-level scheduler (`contbatch.core`) driven by a discrete-event simu
 throughput figure from per-request timelines, and a CLI (`contbatch.cli`).
 """
 
+from contbatch.compiled import install as _install_compiled
+
 __version__ = "0.1.0"
+
+_install_compiled()  # before anything imports the modules it may load compiled

@@ -9,7 +9,6 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -245,7 +244,7 @@ def test_the_heap_queue_offers_what_the_naive_model_offers(seed: int) -> None:
         elif op < 0.7:
             t = rng.choice(tenants)
             n = rng.randint(1, 30)
-            fast.charge(SimpleNamespace(tenant=t), n)  # type: ignore[arg-type]
+            fast.charge(Request("charged", 0.0, 1, 1, tenant=t), n)
             naive.charge(t, n)
         else:  # a scheduling pass: offer, admit some (charging their prompts), stop early at times
             stop = rng.randint(1, 12)

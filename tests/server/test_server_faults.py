@@ -274,6 +274,7 @@ def test_tokenization_a_tokenizer_that_raises_fails_its_request_alone(
 
 
 # -- scheduling (the driver) ----------------------------------------------------------------------
+@pytest.mark.interpreted  # replaces the scheduler's add_request on the instance
 def test_scheduling_a_scheduler_that_raises_on_one_request_rejects_it_alone(make_server: Any) -> None:
     server: RunningServer = make_server(cost=COST)
     scheduler = server.scheduler

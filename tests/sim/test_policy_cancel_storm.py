@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from collections.abc import Callable
 
 import pytest
 
@@ -35,6 +36,8 @@ from contbatch.sim import AffineCost, SimResult, UnitCost, simulate
 from contbatch.traces import Trace, TraceRequest
 from contbatch.traces.scenarios import cancel_storm
 
+from .recording import recording
+
 HAS_SKIP_AHEAD = "skip_ahead" in inspect.signature(simulate).parameters
 MODES = ["stepwise", "default"]
 
@@ -44,7 +47,7 @@ def sim_options(mode: str) -> dict[str, bool]:
 
 
 class CancelWatch:
-    """Wraps `scheduler.cancel` to check the blocks right after each call, and checks the pool
+    """Runs around `scheduler.cancel` to check the blocks right after each call, and checks the pool
     after every step (the full invariants every 25 steps: a 6,144-block pool costs per check)."""
 
     def __init__(self, scheduler: SchedulerBase) -> None:
@@ -53,14 +56,13 @@ class CancelWatch:
         self.cancelled: dict[str, float] = {}  # id -> time of the cancel call
         self.num_in_step: list[int] = []
         self._step_cancels = 0
-        cancel = scheduler.cancel
 
-        def watched(request_id: str, now: float, *args: object, **kw: object) -> bool:
+        def watched(request_id: str, now: float, call: Callable[[], bool]) -> bool:
             running = (
                 request_id in scheduler.requests and scheduler.requests[request_id].status is RequestStatus.RUNNING
             )
             held_before = self.kv.num_held_blocks(request_id)
-            done = cancel(request_id, now, *args, **kw)  # type: ignore[arg-type]
+            done = call()
             if done:
                 assert self.kv.num_held_blocks(request_id) == 0 and self.kv.num_held_host_blocks(request_id) == 0
                 assert request_id not in scheduler.requests
@@ -69,7 +71,7 @@ class CancelWatch:
                 self._step_cancels += 1
             return done
 
-        scheduler.cancel = watched  # type: ignore[method-assign]
+        scheduler.around_cancel = watched  # type: ignore[attr-defined]  (a `recording` scheduler)
 
     def __call__(self, s: SchedulerBase, out: SchedulerOutput, now: float) -> None:
         held = sum(self.kv.num_held_blocks(r.request_id) for r in s.running)
@@ -83,7 +85,7 @@ class CancelWatch:
 
 @functools.cache
 def storm(mode: str) -> tuple[SimResult, CancelWatch, int]:
-    scheduler = ContinuousScheduler(preset("engine"))
+    scheduler = recording(ContinuousScheduler)(preset("engine"))
     watch = CancelWatch(scheduler)
     result = simulate(cancel_storm(), scheduler, AffineCost(), inspect=watch, **sim_options(mode))
     assert scheduler.memory is not None

@@ -38,15 +38,18 @@ import dataclasses
 import functools
 import itertools
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
 from contbatch.core import ContinuousScheduler, Request, SchedulerBase, SchedulerOutput, check_invariants, preset_config
 from contbatch.core.config import TenantConfig
-from contbatch.core.queue import FairQueue
+from contbatch.core.queue import QUEUE_ORDERS, FairQueue, QueueOrder
 from contbatch.metrics.groups import service_by, summarize_by
 from contbatch.sim import AffineCost, SimResult, simulate
 from contbatch.traces.scenarios import multi_tenant
+
+from .recording import recording
 
 LIGHT = ("light-1", "light-2", "light-3", "light-4")
 
@@ -88,12 +91,12 @@ def test_every_tenant_gets_its_whole_demand_under_both_orders() -> None:
 class BoundCheck:
     """on_step hook: checks (1) and (2) of the module docstring after every step."""
 
-    def __init__(self, weights: dict[str, float]) -> None:
+    def __init__(self, weights: dict[str, float], scheduler: SchedulerBase) -> None:
         requests = multi_tenant().requests
+        self.scheduler = scheduler  # a `recording` one: its requests as they were handed over
         self.weights = weights
         self.max_prompt = max(r.num_prompt_tokens for r in requests)
         self.max_output = max(r.output_limit for r in requests)
-        self.requests: dict[str, Request] = {}
         self.seen_outputs: dict[str, int] = {}
         self.max_running: Counter[str | None] = Counter()
         self.previous: tuple[dict[str | None, float], set[str | None]] | None = None
@@ -103,20 +106,12 @@ class BoundCheck:
     def weight(self, tenant: str | None) -> float:
         return self.weights.get(tenant or "", 1.0)
 
-    def record(self, scheduler: SchedulerBase) -> None:
-        add = scheduler.add_request
-
-        def recording_add(request: Request, now: float) -> bool:
-            self.requests[request.request_id] = request
-            return add(request, now)
-
-        scheduler.add_request = recording_add  # type: ignore[method-assign]
-
     def outputs_by_tenant(self) -> Counter[str | None]:
         """Output tokens each tenant received since the previous call (over all requests, so a
         skipped-ahead span of decoding steps counts too)."""
         tokens: Counter[str | None] = Counter()
-        for r in self.requests.values():
+        handed_over: list[Request] = self.scheduler.handed_over  # type: ignore[attr-defined]
+        for r in handed_over:
             new = r.num_output_tokens - self.seen_outputs.get(r.request_id, 0)
             if new:
                 tokens[r.tenant] += new
@@ -146,9 +141,8 @@ class BoundCheck:
 @pytest.mark.parametrize("weights", [(), (("heavy", 2.0),), (("heavy", 0.5), ("light-1", 3.0))])
 def test_backlogged_tenants_counters_stay_within_the_vtc_bound(weights: tuple[tuple[str, float], ...]) -> None:
     config = dataclasses.replace(preset_config("engine"), queue_order="fair", tenants=TenantConfig(weights=weights))
-    scheduler = ContinuousScheduler(config)
-    check = BoundCheck(dict(weights))
-    check.record(scheduler)
+    scheduler = recording(ContinuousScheduler)(config)
+    check = BoundCheck(dict(weights), scheduler)
     result = simulate(multi_tenant(), scheduler, AffineCost(), inspect=check)
     assert check.num_checked > 100  # the heavy tenant and a light one are backlogged together at times
     assert check.max_prompt == 2036 and check.max_output == 256
@@ -161,12 +155,12 @@ def test_backlogged_tenants_counters_stay_within_the_vtc_bound(weights: tuple[tu
 def test_the_bound_check_catches_a_queue_that_ignores_the_counters(monkeypatch: pytest.MonkeyPatch) -> None:
     # the check is not vacuous: offered in arrival order across tenants (still charged, still
     # lifted), the heavy tenant's counter runs away from the light ones' and (1) fails
-    def arrival_order(self: FairQueue, now: float) -> object:
-        return iter(sorted(self, key=lambda r: r.arrival_ts))
+    class ArrivalOrder(FairQueue):
+        def candidates(self, now: float) -> Iterator[Request]:
+            return iter(sorted(self, key=lambda r: r.arrival_ts))
 
-    monkeypatch.setattr(FairQueue, "candidates", arrival_order)
-    scheduler = ContinuousScheduler(dataclasses.replace(preset_config("engine"), queue_order="fair"))
-    check = BoundCheck({})
-    check.record(scheduler)
+    monkeypatch.setitem(QUEUE_ORDERS, "fair", QueueOrder(lambda o: ArrivalOrder(o.tenant_weights), "arrival order"))
+    scheduler = recording(ContinuousScheduler)(dataclasses.replace(preset_config("engine"), queue_order="fair"))
+    check = BoundCheck({}, scheduler)
     with pytest.raises(AssertionError, match="'heavy', 'light-"):
         simulate(multi_tenant(), scheduler, AffineCost(), inspect=check)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import inspect
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -46,6 +48,8 @@ from contbatch.core.queue import QUEUE_ORDERS
 from contbatch.core.status import RequestStatus
 from contbatch.sim import UnitCost, simulate
 from contbatch.traces import Trace, TraceRequest
+
+from .recording import recording
 
 TENANTS = (None, "a", "b", "c")
 # every step must reach on_step: no skip-ahead over spans of pure decoding (where simulate has it;
@@ -147,33 +151,29 @@ def cases(draw: st.DrawFn, pressure: bool = False) -> tuple[SchedulerConfig, Tra
 
 @dataclass
 class Watch:
-    """Records requests, checks each cancellation and every step."""
+    """Checks each cancellation of a `recording` scheduler and every step."""
 
-    scheduler: SchedulerBase
-    requests: list[Request] = field(default_factory=list)
-    max_unsent: dict[str, int] = field(default_factory=dict)
+    scheduler: Any
     cancelled: set[str] = field(default_factory=set)
+    max_unsent: dict[str, int] = field(default_factory=dict)
     num_steps: int = 0
 
     def __post_init__(self) -> None:
-        s = self.scheduler
-        add, cancel = s.add_request, s.cancel
+        self.scheduler.around_cancel = self.checked_cancel
 
-        def recording_add(request: Request, now: float) -> bool:
-            self.requests.append(request)
-            return add(request, now)
+    @property
+    def requests(self) -> list[Request]:
+        return list(self.scheduler.handed_over)
 
-        def checked_cancel(request_id: str, now: float, *args: object, **kw: object) -> bool:
-            done = cancel(request_id, now, *args, **kw)  # type: ignore[arg-type]
-            if done and s.memory is not None:
-                assert s.memory.kv.num_held_blocks(request_id) == 0
-                assert s.memory.kv.num_held_host_blocks(request_id) == 0
-            if done:
-                self.cancelled.add(request_id)
-            return done
-
-        s.add_request = recording_add  # type: ignore[method-assign]
-        s.cancel = checked_cancel  # type: ignore[method-assign]
+    def checked_cancel(self, request_id: str, now: float, call: Callable[[], bool]) -> bool:
+        done = call()
+        memory = self.scheduler.memory
+        if done and memory is not None:
+            assert memory.kv.num_held_blocks(request_id) == 0
+            assert memory.kv.num_held_host_blocks(request_id) == 0
+        if done:
+            self.cancelled.add(request_id)
+        return done
 
     def __call__(self, s: SchedulerBase, out: SchedulerOutput, now: float) -> None:
         check_invariants(s)
@@ -261,7 +261,7 @@ def check_reason(config: SchedulerConfig, spec: TraceRequest, r: Request, watch:
 
 
 def run_case(config: SchedulerConfig, trace: Trace) -> None:
-    s = ContinuousScheduler(config)
+    s = recording(ContinuousScheduler)(config)
     watch = Watch(s)
     simulate(trace, s, UnitCost(), inspect=watch, **STEPWISE)
     check_end(s, trace, watch)

@@ -39,6 +39,8 @@ from contbatch.sim import AffineCost, SimResult, UnitCost, simulate
 from contbatch.traces import Trace, TraceRequest
 from contbatch.traces.scenarios import slow_readers
 
+from .recording import recording
+
 W = 16
 
 
@@ -47,15 +49,8 @@ class Watch:
     tokens of any unfinished request (full invariants every 25 steps: a 6,144-block pool)."""
 
     def __init__(self, scheduler: SchedulerBase) -> None:
-        self.requests: list[Request] = []
+        self.requests: list[Request] = scheduler.handed_over  # type: ignore[attr-defined]  (`recording`)
         self.max_unsent = 0
-        add = scheduler.add_request
-
-        def recording_add(request: Request, now: float) -> bool:
-            self.requests.append(request)
-            return add(request, now)
-
-        scheduler.add_request = recording_add  # type: ignore[method-assign]
 
     def __call__(self, s: SchedulerBase, out: SchedulerOutput, now: float) -> None:
         for r in s.requests.values():
@@ -68,7 +63,7 @@ class Watch:
 @functools.cache
 def run(max_pause: float | None = None, pause_action: str = "preempt") -> tuple[SimResult, Watch, ContinuousScheduler]:
     lifecycle = LifecycleConfig(output_credits=W, max_pause=max_pause, pause_action=pause_action)
-    scheduler = ContinuousScheduler(dataclasses.replace(preset_config("engine"), lifecycle=lifecycle))
+    scheduler = recording(ContinuousScheduler)(dataclasses.replace(preset_config("engine"), lifecycle=lifecycle))
     watch = Watch(scheduler)
     result = simulate(slow_readers(), scheduler, AffineCost(), inspect=watch)
     assert scheduler.memory is not None and scheduler.memory.kv.num_used_blocks == 0

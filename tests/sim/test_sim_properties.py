@@ -28,6 +28,8 @@ from contbatch.sim.cost import AffineCost, CostModel, UnitCost
 from contbatch.sim.loop import SimResult, simulate
 from contbatch.traces import Trace, TraceRequest
 
+from .recording import recording
+
 configs = st.builds(
     SchedulerConfig,
     max_num_batched_tokens=st.integers(1, 64),
@@ -47,19 +49,13 @@ costs = st.integers(1, 16).map(UnitCost) | st.just(AffineCost())
 
 
 def make(static: bool, config: SchedulerConfig) -> SchedulerBase:
-    return StaticScheduler(config) if static else ContinuousScheduler(config)
+    """A scheduler that records the requests handed over (`recording`)."""
+    return recording(StaticScheduler if static else ContinuousScheduler)(config)  # type: ignore[no-any-return]
 
 
 def run(trace: Trace, scheduler: SchedulerBase, cost: CostModel) -> tuple[SimResult, list[Request]]:
-    """simulate, checking invariants after each step; also capture the Request objects."""
-    added: list[Request] = []
-    add_request = scheduler.add_request
-
-    def recording_add(request: Request, now: float) -> bool:
-        added.append(request)
-        return add_request(request, now)
-
-    scheduler.add_request = recording_add  # type: ignore[method-assign]
+    """simulate, checking invariants after each step; also the Request objects (`make`'s record)."""
+    added: list[Request] = scheduler.handed_over  # type: ignore[attr-defined]
     last_now = [float("-inf")]
 
     def on_step(s: SchedulerBase, out: SchedulerOutput, now: float) -> None:

@@ -267,6 +267,7 @@ def test_unobserved_long_segments_equal_stepping(trace: Trace, config: Scheduler
     assert (skipped.kv_usage_mean, skipped.kv_usage_max) == (stepped.kv_usage_mean, stepped.kv_usage_max)
 
 
+@pytest.mark.interpreted  # spies on `_RunDriver._timed_at_once`
 def test_long_segments_are_timed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The vectorised path is taken (generic pricers and `FixedPrice`), and under the seed preset
     with the unit cost one long request takes a handful of runs: equal to stepping, to the bit."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from mypy_extensions import mypyc_attr
+
 from contbatch.core.base import SchedulerBase
 from contbatch.core.lifecycle import credit_room, may_run
 from contbatch.core.outputs import ScheduledChunk
@@ -25,6 +27,7 @@ from contbatch.core.request import Request
 from contbatch.core.step import StepBuilder
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the base of an extension point (ContinuousScheduler)
 class Admission(SchedulerBase):
     # -- shared with the running phase -------------------------------------------------------
     def _plan(self, request: Request, step: StepBuilder) -> ScheduledChunk | None:

@@ -12,8 +12,9 @@ A subclass supplies `schedule(now)`. Invariants kept here:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Iterable
+
+from mypy_extensions import mypyc_attr
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.core.lifecycle import may_run, next_timer, timeout_reason
@@ -25,7 +26,8 @@ from contbatch.core.stats import SchedulerStats
 from contbatch.core.status import FinishReason, RequestStatus
 
 
-class SchedulerBase(ABC):
+@mypyc_attr(allow_interpreted_subclasses=True)  # an extension point (docs/extending.md)
+class SchedulerBase:  # not an ABC: compiled, ABCs share one isinstance cache (contbatch.compiled)
     name = "base"
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -49,8 +51,8 @@ class SchedulerBase(ABC):
         return self.memory.kv.usage if self.memory is not None else 0.0
 
     # -- the three calls ---------------------------------------------------------------------
-    @abstractmethod
-    def schedule(self, now: float) -> SchedulerOutput: ...
+    def schedule(self, now: float) -> SchedulerOutput:
+        raise NotImplementedError(f"{type(self).__name__} must define schedule(now)")
 
     def update(self, out: SchedulerOutput, result: StepResult, now: float) -> list[Request]:
         """Apply a step's result at `now` (the step's end); return the requests it finished.

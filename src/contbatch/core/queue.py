@@ -42,9 +42,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from mypy_extensions import mypyc_attr
+
 from contbatch.core.request import Request
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # an extension point (docs/extending.md)
 class WaitingQueue:
     """First come, first served."""
 
@@ -114,13 +117,16 @@ class KeyedQueue(WaitingQueue):
     def push(self, request: Request) -> None:
         bisect.insort(self._entries, (self._key(request), request.arrival_ts, next(self._seq), request))
 
-    push_front = push  # a preempted request keeps its key, and its early arrival wins ties
+    def push_front(self, request: Request) -> None:
+        """A preempted request keeps its key, and its early arrival wins ties."""
+        self.push(request)
 
     def remove(self, requests: Iterable[Request]) -> None:
         gone = {id(r) for r in requests}
         self._entries = [e for e in self._entries if id(e[3]) not in gone]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # an extension point (docs/extending.md)
 class FairQueue(WaitingQueue):
     """Per-tenant FIFO queues served by smallest virtual token counter (VTC); state for the active
     tenants only.

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import bisect
 
+from mypy_extensions import mypyc_attr
+
 from contbatch.core.admission import Admission
 from contbatch.core.fastforward import FastForward, open_fast_forward
 from contbatch.core.lifecycle import paused_too_long
@@ -49,6 +51,7 @@ from contbatch.core.victims import choose_victim
 _new_chunk = tuple.__new__  # ScheduledChunk(...) without its Python-level __new__ (the per-request hot path)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # an extension point (docs/extending.md)
 class ContinuousScheduler(Admission):
     name = "continuous"
 

@@ -12,6 +12,8 @@ static batch never preempts.
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from contbatch.core.base import SchedulerBase
 from contbatch.core.config import SchedulerConfig
 from contbatch.core.outputs import BlockDelta, ScheduledChunk, SchedulerOutput, build_output
@@ -20,6 +22,7 @@ from contbatch.core.request import Request
 from contbatch.core.step import new_request_data
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # an extension point (docs/extending.md)
 class StaticScheduler(SchedulerBase):
     name = "static"
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import enum
 
+from mypy_extensions import mypyc_attr
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # arrived, never scheduled
@@ -34,6 +36,7 @@ class FinishReason(enum.Enum):
     ERROR = "error"  # the executor failed while computing it
 
 
+@mypyc_attr(native_class=False)  # (compiled, a class cannot derive from RuntimeError)
 class IllegalTransition(RuntimeError):
     """A request was asked to move between states the state machine does not connect."""
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.request import Request
@@ -42,6 +44,7 @@ from contbatch.sim.skip_ahead import SkipAhead
 from contbatch.traces import Trace, TraceRequest
 
 
+@mypyc_attr(native_class=False)  # (compiled, a class cannot derive from RuntimeError)
 class SimulationStalled(RuntimeError):
     """The scheduler scheduled nothing while requests were pending and no arrival was left."""
 

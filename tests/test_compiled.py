@@ -1,0 +1,126 @@
+"""The compiled core (`contbatch.compiled`): used only while its build matches every source, the
+same results as the Python core, and the tests that patch the core's internals run on the latter."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from abc import ABCMeta
+from pathlib import Path
+
+import pytest
+
+from contbatch import compiled
+from contbatch.compiled import MANIFEST, MODULES, SUFFIX, current_build, source_digest, source_path
+
+PURE = os.environ | {compiled.OPT_OUT: "1"}
+ROOT = Path(__file__).resolve().parents[1]
+needs_build = pytest.mark.skipif(not compiled.in_use(), reason=f"the core is {compiled.describe()}")
+
+
+def _fake_build(tmp: Path, **changes: object) -> Path:
+    """A build directory whose manifest matches the sources now, with `changes` to the manifest."""
+    extensions = {m: m.replace(".", "/") + SUFFIX for m in MODULES} | {"abc__mypyc": "abc__mypyc" + SUFFIX}
+    for rel in extensions.values():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_bytes(b"")
+    manifest = {"suffix": SUFFIX, "sources": {m: source_digest(source_path(m)) for m in MODULES}}
+    (tmp / MANIFEST).write_text(json.dumps(manifest | {"extensions": extensions} | changes))
+    return tmp
+
+
+def test_a_build_is_used_only_while_it_matches_every_source(tmp_path: Path) -> None:
+    files, why = current_build(str(_fake_build(tmp_path / "ok")))
+    assert files is not None and why == "" and set(files) == {*MODULES, "abc__mypyc"}
+    edited = {m: source_digest(source_path(m)) for m in MODULES} | {MODULES[3]: "0" * 64}
+    cases = {
+        "edited": (_fake_build(tmp_path / "edited", sources=edited), f"{MODULES[3]} changed since the build"),
+        "fewer": (_fake_build(tmp_path / "fewer", sources={MODULES[0]: "x"}), "another module list"),
+        "suffix": (_fake_build(tmp_path / "suffix", suffix=".cpython-39-x.so"), "this interpreter loads"),
+        "none": (tmp_path / "none", "not built"),
+    }
+    missing = _fake_build(tmp_path / "missing")
+    (missing / ("abc__mypyc" + SUFFIX)).unlink()
+    cases["missing"] = (missing, "is missing")
+    (tmp_path / "garbled").mkdir()
+    (tmp_path / "garbled" / MANIFEST).write_text("{not json")
+    cases["garbled"] = (tmp_path / "garbled", "not built")
+    for name, (directory, reason) in cases.items():
+        files, why = current_build(str(directory))
+        assert files is None and reason in why, name
+
+
+def test_no_class_of_the_compiled_modules_is_an_abc() -> None:
+    # compiled, a class derived from an ABC gets no `_abc_impl` of its own: isinstance against
+    # it reads the ABC's cache, and answered True for a ContinuousScheduler against StaticScheduler
+    for module in MODULES:
+        classes = [c for c in vars(importlib.import_module(module)).values() if isinstance(c, type)]
+        abcs = [c.__qualname__ for c in classes if c.__module__ == module and isinstance(c, ABCMeta)]
+        assert not abcs, f"{module}: {abcs} derive from ABC"
+
+
+def _loaded_from(env: dict[str, str]) -> str:
+    code = "import contbatch.core.scheduler as m; print(m.__file__)"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
+@needs_build
+def test_the_build_is_loaded_unless_opted_out() -> None:
+    assert _loaded_from(dict(os.environ)).strip().endswith(SUFFIX)
+    assert _loaded_from(PURE).strip().endswith("scheduler.py")
+
+
+# each run's whole result, printed: timelines to the float, totals, the scheduler's statistics
+_RUNS = """
+import dataclasses, json
+from contbatch.core import ContinuousScheduler, SchedulerConfig, StaticScheduler, seed_config
+from contbatch.core.config import KVConfig, LifecycleConfig
+from contbatch.sim import AffineCost, UnitCost, parse_cost, simulate
+from contbatch.traces import load_trace
+from contbatch.traces.scenarios import cancel_storm, multi_tenant
+from contbatch.traces.synthetic import generate, poisson, uniform
+
+kv_trace = generate("kv", 300, poisson(4.0), uniform(20, 400), uniform(10, 300), seed=3)
+kv = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=48, kv=KVConfig(num_blocks=120))
+runs = [
+    (load_trace("seed"), ContinuousScheduler(seed_config()), UnitCost(8), {}),
+    (kv_trace, ContinuousScheduler(kv), parse_cost("roofline:llama-2-7b@a100"), {}),
+    (kv_trace, ContinuousScheduler(kv), AffineCost(), {"skip_ahead": False}),
+    (kv_trace, ContinuousScheduler(dataclasses.replace(kv, kv=KVConfig(num_blocks=120, preemption="swap",
+        num_host_blocks=200))), AffineCost(), {}),
+    (kv_trace, StaticScheduler(kv), AffineCost(), {}),
+    (multi_tenant(), ContinuousScheduler(SchedulerConfig(queue_order="fair", kv=KVConfig(num_blocks=2000))),
+        AffineCost(), {}),
+    (cancel_storm(), ContinuousScheduler(SchedulerConfig(lifecycle=LifecycleConfig(request_timeout=30.0),
+        kv=KVConfig(num_blocks=3000))), AffineCost(), {}),
+]
+for trace, scheduler, cost, options in runs:
+    r = simulate(trace, scheduler, cost, **options)
+    print(repr(r.timelines), r.num_steps, r.busy_time, r.kv_usage_mean, json.dumps(r.scheduler_stats, sort_keys=True))
+"""
+
+
+@needs_build
+def test_the_python_core_gives_the_compiled_core_s_results_to_the_bit() -> None:
+    def results(env: dict[str, str]) -> list[str]:
+        command = [sys.executable, "-c", _RUNS]
+        done = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.splitlines()
+
+    ours, theirs = results(dict(os.environ)), results(PURE)
+    assert len(ours) == 7 and all(ours)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert a == b, f"run {i} differs"
+
+
+@needs_build
+def test_the_tests_that_patch_the_core_pass_on_the_python_core(interpreted_tests: list[str]) -> None:
+    if not interpreted_tests:
+        pytest.skip("no test marked interpreted was collected in this session")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *interpreted_tests]
+    done = subprocess.run(command, check=False, env=PURE, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and f"{len(interpreted_tests)} passed" in done.stdout, done.stdout[-3000:]
