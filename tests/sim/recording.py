@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from contbatch.core import FinishReason, Request, SchedulerBase, SchedulerConfig
+from contbatch.core.outputs import AddDecision
 
 AroundCancel = Callable[[str, float, Callable[[], bool]], bool]
 
@@ -28,9 +29,9 @@ def recording(base: type[SchedulerBase]) -> Any:
             self.handed_over: list[Request] = []
             self.around_cancel: AroundCancel | None = None
 
-        def add_request(self, request: Request, now: float) -> bool:
+        def add_request(self, request: Request, now: float) -> AddDecision:
             self.handed_over.append(request)
-            return bool(super().add_request(request, now))
+            return super().add_request(request, now)  # type: ignore[no-any-return]
 
         def cancel(
             self, request_id: str, now: float, reason: FinishReason = FinishReason.CANCELLED, *, detail: str = ""

@@ -28,6 +28,7 @@ from typing import NamedTuple
 from contbatch.core.status import FinishReason
 
 _EMPTY: Mapping[str, object] = MappingProxyType({})
+ExecutorParams = object  # compiled, a dataclass's field types are looked up in its module, not in builtins
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class NewRequestData:
     request_id: str
     prompt_token_ids: tuple[int, ...]  # empty when the scheduler knows lengths only (the simulator)
     output_token_ids: tuple[int, ...]  # outputs sampled before a preemption; () on a first admission
-    params: object  # the executor's per-request parameters, as given with the request
+    params: ExecutorParams  # the executor's per-request parameters, as given with the request
 
 
 class BlockDelta(NamedTuple):

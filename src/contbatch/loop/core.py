@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from contbatch.core.base import SchedulerBase
 from contbatch.core.outputs import AddDecision, SchedulerOutput, StepResult, TokenLogprobs
@@ -41,9 +40,7 @@ from contbatch.core.status import FinishReason
 from contbatch.loop.clock import Clock
 from contbatch.loop.executor import Executor, StepError, has_bookkeeping
 from contbatch.loop.observe import StepObserver, StepRecord, StepTotals
-
-if TYPE_CHECKING:
-    from contbatch.loop.text import TextStream
+from contbatch.loop.text import TextStream  # (at run time: compiled, a dataclass's field types must resolve)
 
 log = logging.getLogger(__name__)
 
