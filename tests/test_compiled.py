@@ -124,3 +124,20 @@ def test_the_tests_that_patch_the_core_pass_on_the_python_core(interpreted_tests
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *interpreted_tests]
     done = subprocess.run(command, check=False, env=PURE, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0 and f"{len(interpreted_tests)} passed" in done.stdout, done.stdout[-3000:]
+
+
+def test_without_mypyc_or_a_compiler_the_build_says_so_and_builds_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from contbatch import compiled_build
+
+    def fail_build(build_dir: str = "") -> None:
+        raise AssertionError("nothing may be built")
+
+    monkeypatch.setattr(compiled_build, "build", fail_build)
+    monkeypatch.setenv("CC", "no-such-cc")
+    assert compiled_build.main(["--force"]) == 0
+    assert "no C compiler (no-such-cc not found); the Python core runs" in capsys.readouterr().out
+    monkeypatch.setattr(compiled_build.importlib.util, "find_spec", lambda name: None)
+    assert compiled_build.main(["--force"]) == 0
+    assert "mypyc is not installed" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The scheduler core and the simulator's decode runs, compiled with mypyc where a current build exists.
+"""The scheduler core and the hot loops, compiled with mypyc where a current build exists.
 
 `python -m contbatch.compiled_build` compiles `MODULES`, unchanged, into `_compiled/` next to this
 file (`make demo` and `make test` do it) and says which is in use.

@@ -2,7 +2,8 @@
 
 `python -m contbatch.compiled_build` compiles `MODULES` with mypyc (shipped with mypy, a dev
 dependency) unless the build in `_compiled/` is current; `--force` rebuilds anyway; `--status`
-only says what is in use. The build compiles a copy of the package (an edit made meanwhile
+only says what is in use. Where mypyc or a C compiler is missing it says so and builds nothing
+(exit 0: the Python core runs, with the same results). The build compiles a copy of the package (an edit made meanwhile
 cannot enter it unrecorded), without debug symbols, and replaces `_compiled/` only
 when every module compiled: a failed build leaves the previous one, which the sources' digests
 then keep unused.
@@ -11,11 +12,14 @@ then keep unused.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 
 from contbatch.compiled import BUILD_DIR, MANIFEST, MODULES, PACKAGE_DIR, SUFFIX, current_build, describe, source_digest
@@ -30,6 +34,16 @@ setup(name="contbatch-compiled", ext_modules=mypycify({files!r}, opt_level="3", 
 
 def module_file(module: str, suffix: str) -> str:
     return os.path.join(*module.split(".")) + suffix
+
+
+def missing_tool() -> str:
+    """What the build needs and this machine lacks, in words ("" when nothing is missing)."""
+    if importlib.util.find_spec("mypyc") is None:
+        return "mypyc is not installed (it comes with mypy: pip install mypy)"
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[:1]
+    if not compiler or shutil.which(compiler[0]) is None:
+        return f"no C compiler ({' '.join(compiler) or 'CC'} not found)"
+    return ""
 
 
 def build(build_dir: str = BUILD_DIR) -> None:
@@ -69,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.status:
         print(describe())
         return 0
-    if args.force or current_build()[0] is None:
+    if not args.force and current_build()[0] is not None:
+        print(f"the compiled core in {BUILD_DIR} is current")
+    elif missing := missing_tool():
+        print(f"not compiling the core: {missing}; the Python core runs")
+    else:
         build()
         print(f"compiled {len(MODULES)} modules into {BUILD_DIR}")
-    else:
-        print(f"the compiled core in {BUILD_DIR} is current")
     return 0
 
 
