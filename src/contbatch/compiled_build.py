@@ -2,7 +2,7 @@
 
 `python -m contbatch.compiled_build` compiles `MODULES` with mypyc (shipped with mypy, a dev
 dependency) unless the build in `_compiled/` is current; `--force` rebuilds anyway; `--status`
-only says what is in use. Where mypyc or a C compiler is missing it says so and builds nothing
+only says what is in use. Where mypyc, setuptools or a C compiler is missing it says so and builds nothing
 (exit 0: the Python core runs, with the same results). The build compiles a copy of the package (an edit made meanwhile
 cannot enter it unrecorded), without debug symbols, and replaces `_compiled/` only
 when every module compiled: a failed build leaves the previous one, which the sources' digests
@@ -40,6 +40,8 @@ def missing_tool() -> str:
     """What the build needs and this machine lacks, in words ("" when nothing is missing)."""
     if importlib.util.find_spec("mypyc") is None:
         return "mypyc is not installed (it comes with mypy: pip install mypy)"
+    if importlib.util.find_spec("setuptools") is None:
+        return "setuptools is not installed (mypyc builds with it: pip install setuptools)"
     compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[:1]
     if not compiler or shutil.which(compiler[0]) is None:
         return f"no C compiler ({' '.join(compiler) or 'CC'} not found)"
