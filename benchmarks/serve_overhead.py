@@ -39,15 +39,10 @@ VARIANTS = {"h11+asyncio": ("h11", "asyncio"), "httptools+uvloop": ("httptools",
 MODEL = "contbatch-sim"
 
 
-def thread_cpu_s(pid: int, tid: int) -> float:
-    """CPU seconds (user + system) of thread `tid` of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process `pid` so far, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_s(pid: int, tid: int | None = None) -> float:
+    """CPU seconds (user + system) so far of process `pid` (all its threads), or of its thread `tid`."""
+    stat = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -76,14 +71,14 @@ def one_run(variant: str, args: argparse.Namespace) -> dict[str, float]:
     with running_server(argv, port, log=args.work_dir / f"{variant}.log") as server:
         pid = server.process.pid
         bench(server.url, ["--num-prompts", "8", "--input-len", "32", "--output-len", "8", "--request-rate", "inf"])
-        main0, all0, wall0 = thread_cpu_s(pid, pid), process_cpu_s(pid), time.monotonic()
+        main0, all0, wall0 = cpu_s(pid, pid), cpu_s(pid), time.monotonic()
         tokens = 0
         for rate in ("inf", str(args.rate)):
             doc = bench(server.url, [*workload, "--request-rate", rate])
             if doc.get("failed"):
                 raise RuntimeError(f"{variant}: {doc['failed']} requests failed: {doc.get('errors')}")
             tokens += int(doc["total_output_tokens"])
-        main1, all1, wall = thread_cpu_s(pid, pid), process_cpu_s(pid), time.monotonic() - wall0
+        main1, all1, wall = cpu_s(pid, pid), cpu_s(pid), time.monotonic() - wall0
     return {
         "output_tokens": tokens,
         "wall_s": wall,

@@ -61,12 +61,12 @@ def pytest_report_header() -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    config.stash[INTERPRETED] = [item.nodeid for item in items if "interpreted" in item.keywords]
+    marked = [item for item in items if "interpreted" in item.keywords]
+    config.stash[INTERPRETED] = [item.nodeid for item in marked]
     if compiled.in_use():
         skip = pytest.mark.skip(reason="patches the core's internals: tests/test_compiled.py runs it in Python")
-        for item in items:
-            if "interpreted" in item.keywords:
-                item.add_marker(skip)
+        for item in marked:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -55,9 +55,14 @@ OPT_OUT = "CONTBATCH_PURE_PYTHON"
 SUFFIX = EXTENSION_SUFFIXES[0]
 
 
+def module_file(module: str, suffix: str) -> str:
+    """`module`'s file with `suffix` (".py", `SUFFIX`), relative to the directory above `contbatch`."""
+    return os.path.join(*module.split(".")) + suffix
+
+
 def source_path(module: str) -> str:
     """The `.py` file of `module`, a name under `contbatch`."""
-    return os.path.join(os.path.dirname(PACKAGE_DIR), *module.split(".")) + ".py"
+    return os.path.join(os.path.dirname(PACKAGE_DIR), module_file(module, ".py"))
 
 
 def source_digest(path: str) -> str:

@@ -22,7 +22,17 @@ import sys
 import sysconfig
 import tempfile
 
-from contbatch.compiled import BUILD_DIR, MANIFEST, MODULES, PACKAGE_DIR, SUFFIX, current_build, describe, source_digest
+from contbatch.compiled import (
+    BUILD_DIR,
+    MANIFEST,
+    MODULES,
+    PACKAGE_DIR,
+    SUFFIX,
+    current_build,
+    describe,
+    module_file,
+    source_digest,
+)
 
 SETUP = """
 from mypyc.build import mypycify
@@ -30,10 +40,6 @@ from setuptools import setup
 
 setup(name="contbatch-compiled", ext_modules=mypycify({files!r}, opt_level="3", debug_level="0"))
 """
-
-
-def module_file(module: str, suffix: str) -> str:
-    return os.path.join(*module.split(".")) + suffix
 
 
 def missing_tool() -> str:

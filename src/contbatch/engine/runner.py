@@ -238,8 +238,8 @@ class ModelRunner:
             if run:
                 batch = self.build_batch(run, seqs, prompt_logprob_ids)
                 greedy = None  # each row's argmax, found by the LM head's product where it can and is read
-                rows = [seqs[rid].params for rid in batch.sample_ids]
-                if self.model.greedy_in_head and rows and reads_known_argmax(rows):
+                rows = batch.sample_ids  # (the params read only where the head can find the argmax)
+                if self.model.greedy_in_head and rows and reads_known_argmax([seqs[r].params for r in rows]):
                     greedy = torch.empty(len(rows), dtype=torch.long)
                 _, logits = self.compute_logits(run, seqs, batch=batch, greedy_out=greedy)
                 result = self._sample(batch, logits, seqs, greedy)
