@@ -29,6 +29,19 @@ def export_src(commit: str, into: Path) -> Path:
     return into / "src"
 
 
+def build_compiled(src: Path) -> str:
+    """Build the compiled core of the exported `src` (a commit that has one: `contbatch.compiled_build`)
+    in place, as `make compiled` does in a checkout; which core that side will run, in words.
+    SystemExit when it cannot be built."""
+    cmd = [sys.executable, "-m", "contbatch.compiled_build"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=side_env(src))
+    status = subprocess.run([*cmd, "--status"], capture_output=True, text=True, check=False, env=side_env(src))
+    if done.returncode or status.returncode or not status.stdout.startswith("compiled"):
+        why = (done.stderr.strip() or status.stdout.strip() or "(no message)").splitlines()[-1]
+        raise SystemExit(f"the baseline's compiled core could not be built: {why}")
+    return status.stdout.strip()
+
+
 def side_env(src: Path | None) -> dict[str, str]:
     """This environment for a child that imports this checkout's code (`src` None: no PYTHONPATH)
     or the exported `src`."""

@@ -22,7 +22,8 @@ workload: `sim_s` (the simulation's wall time), `summary_s` (every metric of the
 `cpu_s` (the whole process's user + system CPU time: interpreter start, imports, trace,
 simulation, summary: what BLIS's figure is) and peak RSS. With --baseline REF each workload also
 runs on the simulator as it was at git commit REF (exported to a temporary folder and imported
-from there; workloads it cannot run are left out), interleaved; with BLIS installed
+from there; workloads it cannot run are left out), interleaved: as Python sources, or with
+--baseline-compiled with that commit's compiled core built there first; with BLIS installed
 (`../shared/anchors/blis/build.sh`; --blis PATH, default ~/.cache/contbatch-anchors/blis/blis)
 (a) and (a-100k) also run in BLIS with `--cache-signal-delay 0`. `baseline_speedup` is the
 baseline's whole-process CPU time over ours, `baseline_sim_speedup` and `baseline_summary_speedup`
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from baseline_src import export_src, side_env
+from baseline_src import build_compiled, export_src, side_env
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHOR = ROOT.parent / "shared" / "anchors" / "blis"
@@ -232,6 +233,11 @@ def main() -> None:
     )
     parser.add_argument("--requests-b", type=int, default=WORKLOADS["b"].size)
     parser.add_argument("--baseline", metavar="REF", help="also run each workload on the code of this git commit")
+    parser.add_argument(
+        "--baseline-compiled",
+        action="store_true",
+        help="build the baseline commit's compiled core and run it (a commit that has one)",
+    )
     parser.add_argument("--blis", type=Path, default=DEFAULT_BLIS, help="the BLIS binary (skipped when absent)")
     parser.add_argument("--only", choices=sorted(WORKLOADS), help="run one workload in this process (internal)")
     parser.add_argument("--size", type=int, default=0, help="(internal) the workload's size")
@@ -241,6 +247,14 @@ def main() -> None:
         print(json.dumps(run_one(args.only, args.size)))
         return
     _compare(parser, args)
+
+
+def _baseline(args: argparse.Namespace, tmp: Path) -> tuple[Path | None, str | None]:
+    """The exported `src` of --baseline (None without one) and which core it runs, in words."""
+    if not args.baseline:
+        return None, None
+    src = export_src(args.baseline, tmp)
+    return src, build_compiled(src) if args.baseline_compiled else "pure Python (its sources, no build)"
 
 
 def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -264,9 +278,7 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         n: {"contbatch": [], "baseline": [], "blis": []} for n in names
     }
     with tempfile.TemporaryDirectory() as tmp:
-        src = None
-        if args.baseline:
-            src = export_src(args.baseline, Path(tmp))
+        src, baseline_core = _baseline(args, Path(tmp))
         _compile_bytecode(ROOT / "src", src)
         trace_files = {name: _write_trace(name, Path(tmp)) for name in names if WORKLOADS[name].cli}
         for rep in range(args.reps):
@@ -293,7 +305,9 @@ def _compare(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     table = {name: _row(r) for name, r in runs.items()}
     _print(table, args.baseline)
     print(f"core: {compiled.describe()}")
+    print(f"baseline core: {baseline_core}")
     machine = {"python": platform.python_version(), "machine": platform.machine(), "core": compiled.describe()}
+    machine["baseline_core"] = baseline_core
     doc = {**machine, "args": vars(args) | {"blis": str(args.blis)}, "table": table, "runs": runs}
     Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
 

@@ -3,12 +3,14 @@ same results as the Python core, and the tests that patch the core's internals r
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import os
 import subprocess
 import sys
 from abc import ABCMeta
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,8 +60,69 @@ def test_no_class_of_the_compiled_modules_is_an_abc() -> None:
     # it reads the ABC's cache, and answered True for a ContinuousScheduler against StaticScheduler
     for module in MODULES:
         classes = [c for c in vars(importlib.import_module(module)).values() if isinstance(c, type)]
-        abcs = [c.__qualname__ for c in classes if c.__module__ == module and isinstance(c, ABCMeta)]
+        # (a Protocol's metaclass is ABCMeta too, but it is only a type: nothing derives from it)
+        ours = [c for c in classes if c.__module__ == module and not getattr(c, "_is_protocol", False)]
+        abcs = [c.__qualname__ for c in ours if isinstance(c, ABCMeta)]
         assert not abcs, f"{module}: {abcs} derive from ABC"
+
+
+def _written_out_inits(tree: ast.Module) -> Iterator[tuple[str, list[ast.AnnAssign], ast.FunctionDef]]:
+    """(class name, its dataclass fields, its own `__init__`) of each dataclass in `tree` that
+    writes its `__init__` out."""
+    for node in tree.body:
+        decorators = [ast.unparse(d) for d in node.decorator_list] if isinstance(node, ast.ClassDef) else []
+        if any(d.startswith("dataclass") for d in decorators):
+            assert isinstance(node, ast.ClassDef)
+            fields = [item for item in node.body if isinstance(item, ast.AnnAssign)]
+            inits = [item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"]
+            if inits:
+                yield node.name, fields, inits[0]
+
+
+def _init_field(field: ast.AnnAssign) -> tuple[str, str | None] | None:
+    """(name, the `__init__` default it must have: None for none) of a field `__init__` takes;
+    None for a field it does not (``init=False``). A field with a default factory defaults to None."""
+    assert isinstance(field.target, ast.Name)
+    value = field.value
+    if isinstance(value, ast.Call) and ast.unparse(value.func) == "field":
+        keywords = {k.arg: ast.unparse(k.value) for k in value.keywords}
+        if keywords.get("init") == "False":
+            return None
+        return field.target.id, keywords.get("default", "None")
+    return field.target.id, None if value is None else ast.unparse(value)
+
+
+def _names(tree: ast.AST) -> set[str]:
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+def _assignment(statement: ast.stmt) -> tuple[str, ast.AST]:
+    """(attribute, value) of ``self.x = value`` or ``object.__setattr__(self, "x", value)``."""
+    if isinstance(statement, ast.Assign) and isinstance(target := statement.targets[0], ast.Attribute):
+        return target.attr, statement.value
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if isinstance(call, ast.Call) and ast.unparse(call.func) == "object.__setattr__":
+        _, name, value = call.args
+        return ast.literal_eval(name), value
+    return "", statement
+
+
+def test_a_written_out_dataclass_init_takes_and_sets_every_field() -> None:
+    # compiled, a dataclass's generated __init__ runs as Python; the hot ones write theirs out, and
+    # must stay what the generated one would be (same parameters, defaults and attributes set)
+    checked = []
+    for module in MODULES:
+        tree = ast.parse(Path(source_path(module)).read_text())
+        for name, fields, init in _written_out_inits(tree):
+            expected = [f for f in map(_init_field, fields) if f is not None]
+            params = init.args.args[1:]
+            defaults = [None] * (len(params) - len(init.args.defaults)) + [ast.unparse(d) for d in init.args.defaults]
+            assert [(p.arg, d) for p, d in zip(params, defaults, strict=True)] == expected, f"{module}.{name}"
+            assigned = dict(map(_assignment, init.body))
+            unset = [f for f, _ in expected if f not in _names(assigned.get(f, ast.Pass()))]
+            assert not unset, f"{module}.{name} does not set {unset} from the parameter of that name"
+            checked.append(name)
+    assert {"SchedulerOutput", "Timeline", "Grant"} <= set(checked)
 
 
 def _loaded_from(env: dict[str, str]) -> str:

@@ -78,6 +78,12 @@ class ScheduledChunk(NamedTuple):
     samples: bool  # this step samples output token(s) for the request
 
 
+new_chunk = tuple.__new__
+"""``new_chunk(ScheduledChunk, (request_id, start, num_new_tokens, is_prefill, samples))``: the
+same tuple as ``ScheduledChunk(...)`` without the named tuple's Python-level ``__new__``, which
+compiled code would run as Python (the per-request hot paths use it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerOutput:
     step_id: int  # 0, 1, 2, ... per scheduler
@@ -100,10 +106,41 @@ class SchedulerOutput:
     new_requests: tuple[NewRequestData, ...] = ()  # requests the executor must start before this step
     block_deltas: tuple[BlockDelta, ...] = ()  # block tables changed since the previous output
 
-    def __post_init__(self) -> None:
-        expected = len(self.chunks) + self.num_omitted_decodes
-        if self.chunks and self.num_requests != expected:
-            object.__setattr__(self, "num_requests", expected)
+    def __init__(  # noqa: PLR0917 (a dataclass's signature: its fields, in order)
+        self,
+        step_id: int,
+        chunks: tuple[ScheduledChunk, ...],
+        num_batched_tokens: int,
+        num_prefill_tokens: int,
+        num_decode_tokens: int,
+        num_context_tokens: int,
+        num_padding_tokens: int = 0,
+        preempted_ids: tuple[str, ...] = (),
+        finished_ids: tuple[str, ...] = (),
+        swapped_out: tuple[tuple[str, tuple[int, ...]], ...] = (),
+        swapped_in: tuple[tuple[str, tuple[int, ...]], ...] = (),
+        num_requests: int = 0,
+        num_omitted_decodes: int = 0,
+        new_requests: tuple[NewRequestData, ...] = (),
+        block_deltas: tuple[BlockDelta, ...] = (),
+    ) -> None:
+        """The fields in order (`num_requests` recounted when there are chunks). Written out, not
+        generated: compiled, the generated one runs as Python (see `contbatch.compiled`)."""
+        object.__setattr__(self, "step_id", step_id)
+        object.__setattr__(self, "chunks", chunks)
+        object.__setattr__(self, "num_batched_tokens", num_batched_tokens)
+        object.__setattr__(self, "num_prefill_tokens", num_prefill_tokens)
+        object.__setattr__(self, "num_decode_tokens", num_decode_tokens)
+        object.__setattr__(self, "num_context_tokens", num_context_tokens)
+        object.__setattr__(self, "num_padding_tokens", num_padding_tokens)
+        object.__setattr__(self, "preempted_ids", preempted_ids)
+        object.__setattr__(self, "finished_ids", finished_ids)
+        object.__setattr__(self, "swapped_out", swapped_out)
+        object.__setattr__(self, "swapped_in", swapped_in)
+        object.__setattr__(self, "num_requests", len(chunks) + num_omitted_decodes if chunks else num_requests)
+        object.__setattr__(self, "num_omitted_decodes", num_omitted_decodes)
+        object.__setattr__(self, "new_requests", new_requests)
+        object.__setattr__(self, "block_deltas", block_deltas)
 
     @property
     def num_swapped_blocks(self) -> int:

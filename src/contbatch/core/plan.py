@@ -12,7 +12,7 @@ computes one decode unit and samples.
 
 from __future__ import annotations
 
-from contbatch.core.outputs import ScheduledChunk
+from contbatch.core.outputs import ScheduledChunk, new_chunk
 from contbatch.core.request import Request
 
 
@@ -49,4 +49,4 @@ def plan_chunk(
     if num_new < 1 or num_new > max_tokens:
         return None
     samples = samples_at_target and (is_decode or computed + num_new == target)
-    return ScheduledChunk(request.request_id, computed, num_new, not is_decode, samples)
+    return new_chunk(ScheduledChunk, (request.request_id, computed, num_new, not is_decode, samples))

@@ -77,12 +77,23 @@ class WaitingQueue:
         self._queue.appendleft(request)
 
     def remove(self, requests: Iterable[Request]) -> None:
-        """Remove `requests` (all present); O(k) when they are at the head, as they usually are."""
-        gone = set(map(id, requests))
-        while gone and self._queue and id(self._queue[0]) in gone:
-            gone.discard(id(self._queue.popleft()))
+        """Remove `requests` (all present); O(k) when they are at the head, as they usually are
+        (in order, the cheapest case: identity checks only)."""
+        queue = self._queue
+        rest = list(requests)
+        num_in_order = 0
+        for request in rest:
+            if not queue or queue[0] is not request:
+                break
+            queue.popleft()
+            num_in_order += 1
+        if num_in_order == len(rest):
+            return
+        gone = set(map(id, rest[num_in_order:]))
+        while gone and queue and id(queue[0]) in gone:
+            gone.discard(id(queue.popleft()))
         if gone:
-            self._queue = deque(r for r in self._queue if id(r) not in gone)
+            self._queue = deque(r for r in queue if id(r) not in gone)
 
     def admitted(self, request: Request) -> None:
         """The scheduler admitted `request` (still in the queue until `remove`)."""

@@ -42,13 +42,11 @@ from mypy_extensions import mypyc_attr
 from contbatch.core.admission import Admission
 from contbatch.core.fastforward import FastForward, open_fast_forward
 from contbatch.core.lifecycle import paused_too_long
-from contbatch.core.outputs import ScheduledChunk, SchedulerOutput
+from contbatch.core.outputs import ScheduledChunk, SchedulerOutput, new_chunk
 from contbatch.core.request import Request
 from contbatch.core.status import FinishReason, RequestStatus
 from contbatch.core.step import StepBuilder
 from contbatch.core.victims import choose_victim
-
-_new_chunk = tuple.__new__  # ScheduledChunk(...) without its Python-level __new__ (the per-request hot path)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # an extension point (docs/extending.md)
@@ -151,9 +149,9 @@ class ContinuousScheduler(Admission):
             if fast and start >= prompt and start == prompt + request.num_output_tokens - 1:
                 if request.kv_capacity > start:  # its next token's block is held: nothing to reserve
                     budget.remaining = remaining - 1
-                    chunks[rid] = _new_chunk(ScheduledChunk, (rid, start, 1, False, True))
+                    chunks[rid] = new_chunk(ScheduledChunk, (rid, start, 1, False, True))
                     continue
-                chunk: ScheduledChunk | None = _new_chunk(ScheduledChunk, (rid, start, 1, False, True))
+                chunk: ScheduledChunk | None = new_chunk(ScheduledChunk, (rid, start, 1, False, True))
             else:
                 chunk = self._plan(request, step)
             if chunk is None:

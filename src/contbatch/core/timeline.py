@@ -56,10 +56,38 @@ class Timeline:
     token_counts: list[int] = field(default_factory=list)  # tokens per emission, parallel to token_ts
     finished_ts: float | None = None
     finish_reason: FinishReason | None = None
-    _last_ts: float = field(default=float("-inf"), repr=False)
+    _last_ts: float = field(default=float("-inf"), init=False, repr=False)  # (the arrival, once made)
 
-    def __post_init__(self) -> None:
-        self._last_ts = self.arrival_ts
+    def __init__(  # noqa: PLR0917 (a dataclass's signature: its fields, in order)
+        self,
+        request_id: str,
+        arrival_ts: float,
+        num_prompt_tokens: int,
+        tenant: str | None = None,
+        priority: int = 0,
+        deadline_ts: float | None = None,
+        scheduled_ts: list[float] | None = None,
+        preempted_ts: list[float] | None = None,
+        token_ts: list[float] | None = None,
+        token_counts: list[int] | None = None,
+        finished_ts: float | None = None,
+        finish_reason: FinishReason | None = None,
+    ) -> None:
+        """The fields in order, a list given as None made empty. Written out: compiled, a generated
+        one runs as Python (`contbatch.compiled`)."""
+        self.request_id = request_id
+        self.arrival_ts = arrival_ts
+        self.num_prompt_tokens = num_prompt_tokens
+        self.tenant = tenant
+        self.priority = priority
+        self.deadline_ts = deadline_ts
+        self.scheduled_ts = [] if scheduled_ts is None else scheduled_ts
+        self.preempted_ts = [] if preempted_ts is None else preempted_ts
+        self.token_ts = [] if token_ts is None else token_ts
+        self.token_counts = [] if token_counts is None else token_counts
+        self.finished_ts = finished_ts
+        self.finish_reason = finish_reason
+        self._last_ts = arrival_ts
 
     # -- recording -------------------------------------------------------------------------
     def _advance(self, ts: float) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from mypy_extensions import mypyc_attr
+
 from contbatch.core.outputs import SchedulerOutput
 from contbatch.core.request import Request
 
@@ -27,6 +29,7 @@ class StepRecord(NamedTuple):
     num_sampled_tokens: int  # output tokens sampled (kept or not)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StepObserver:
     """Receives every step and every finished request, on the loop's thread; both do nothing
     unless overridden. An observer that raises is logged and ignored."""

@@ -82,6 +82,27 @@ class _Member:
     owed_at_join: int
     done: bool = False
 
+    def __init__(  # noqa: PLR0917 (a dataclass's signature: its fields, in order)
+        self,
+        request: Request,
+        first: int,
+        last: int,
+        base: int,
+        grows_from: int,
+        stops: bool,
+        owed_at_join: int,
+        done: bool = False,
+    ) -> None:
+        """Written out: compiled, a generated one runs as Python (`contbatch.compiled`)."""
+        self.request = request
+        self.first = first
+        self.last = last
+        self.base = base
+        self.grows_from = grows_from
+        self.stops = stops
+        self.owed_at_join = owed_at_join
+        self.done = done
+
     def owed_after(self, num_steps: int, block_size: int) -> int:
         """Blocks owed for it after the run's first `num_steps` steps: those counted at its
         admission plus those it grew into."""
@@ -101,8 +122,16 @@ class _Prefill:
     blocks: int
     owed: int
 
+    def __init__(self, request: Request, done: int, blocks: int, owed: int) -> None:
+        """Written out: compiled, a generated one runs as Python (`contbatch.compiled`)."""
+        self.request = request
+        self.done = done
+        self.blocks = blocks
+        self.owed = owed
 
-class _Planned(NamedTuple):
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
     """A step `plan_step` planned: its shape, the KV blocks in use while it runs, the decoding
     members' growth, the prefilling member's chunk and growth, and the waiting requests it admits
     (each with its first chunk and first blocks), in queue order."""
@@ -113,6 +142,23 @@ class _Planned(NamedTuple):
     prefill_chunk: ScheduledChunk | None
     prefill_growth: int
     admitted: list[tuple[Request, ScheduledChunk, int]]
+
+    def __init__(  # noqa: PLR0917 (a dataclass's signature: its fields, in order)
+        self,
+        shape: SchedulerOutput,
+        used: int,
+        growth: int,
+        prefill_chunk: ScheduledChunk | None,
+        prefill_growth: int,
+        admitted: list[tuple[Request, ScheduledChunk, int]],
+    ) -> None:
+        """Written out: compiled, a generated one runs as Python (`contbatch.compiled`)."""
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "used", used)
+        object.__setattr__(self, "growth", growth)
+        object.__setattr__(self, "prefill_chunk", prefill_chunk)
+        object.__setattr__(self, "prefill_growth", prefill_growth)
+        object.__setattr__(self, "admitted", admitted)
 
 
 class DecodeRun:

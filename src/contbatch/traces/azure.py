@@ -19,7 +19,9 @@ Invariants of the imported trace:
 from __future__ import annotations
 
 import datetime
+import functools
 import re
+from collections.abc import Callable
 
 from contbatch.traces._common import (
     PathArg,
@@ -63,39 +65,50 @@ def parse_azure_csv(text: str, label: str, *, name: str, time_unit: str, source:
     """Parse Azure-format CSV ``text``; ``label`` names the file in error messages."""
     where, header, records = csv_table(text, label)
     check_header(header, where, allowed=AZURE_HEADER, required=AZURE_HEADER)
-    rows: list[tuple[int, int, TraceRequest]] = []  # (line, timestamp ns, request at arrival 0)
-    for line, cells in records:
-        if any(cells):
-            where = Where(label, line)
-            timestamp_ns, request = _parse_row(header, cells, where, f"azure-{len(rows)}")
-            rows.append((line, timestamp_ns, request))
-    origin_ns = min((ns for _, ns, _ in rows), default=0)
+    rows = [(line, cells) for line, cells in records if any(cells)]
+    # The origin first (every timestamp read; a bad one is reported below, in its row's turn),
+    # then each request built once, with its arrival, row by row in file order.
+    stamps = list(map(_timestamp_of(header), (cells for _, cells in rows)))
+    origin_ns = min((ns for ns in stamps if ns is not None), default=0)
     located = [
-        # int / int is correctly rounded: the only float error is this one rounding.
-        (line, request.replace(arrival_ts=(ns - origin_ns) / _NS_PER_S))
-        for line, ns, request in rows
+        (line, _parse_row(header, cells, Where(label, line), f"azure-{index}", timestamp_ns=ns, origin_ns=origin_ns))
+        for index, ((line, cells), ns) in enumerate(zip(rows, stamps, strict=True))
     ]
     return assemble_trace(label, located, name=name, time_unit=time_unit, source=source, field_names=_FIELD_NAMES)
 
 
-def _parse_row(header: list[str], cells: list[str], where: Where, request_id: str) -> tuple[int, TraceRequest]:
+def _timestamp_of(header: list[str]) -> Callable[[list[str]], int | None]:
+    """A row's timestamp in ns, or None for a row whose timestamp cannot be read."""
+    column = header.index("TIMESTAMP")
+
+    def timestamp(cells: list[str]) -> int | None:
+        try:
+            return parse_timestamp_ns(cells[column]) if len(cells) == len(header) else None
+        except ValueError:
+            return None
+
+    return timestamp
+
+
+def _parse_row(
+    header: list[str], cells: list[str], where: Where, request_id: str, *, timestamp_ns: int | None, origin_ns: int
+) -> TraceRequest:
     if len(cells) != len(header):
         raise where.error(f"row has {len(cells)} cells, header has {len(header)}")
     row = dict(zip(header, cells, strict=True))
     for column in AZURE_HEADER:
         if not row[column]:
             raise where.error("missing required value", column)
-    try:
-        timestamp_ns = parse_timestamp_ns(row["TIMESTAMP"])
-    except ValueError:
-        raise where.error(f"not a timestamp like '{_EXAMPLE}', got {row['TIMESTAMP']!r}", "TIMESTAMP") from None
+    if timestamp_ns is None:
+        raise where.error(f"not a timestamp like '{_EXAMPLE}', got {row['TIMESTAMP']!r}", "TIMESTAMP")
     values = {
         "request_id": request_id,
-        "arrival_ts": 0.0,  # set once the origin is known; the row is validated now, in file order
+        # int / int is correctly rounded: the only float error is this one rounding.
+        "arrival_ts": (timestamp_ns - origin_ns) / _NS_PER_S,
         "num_prompt_tokens": integer_cell(row["ContextTokens"]),
         "num_output_tokens": integer_cell(row["GeneratedTokens"]),
     }
-    return timestamp_ns, build_request(values, where, _FIELD_NAMES)
+    return build_request(values, where, _FIELD_NAMES)
 
 
 def parse_timestamp_ns(text: str) -> int:
@@ -107,8 +120,16 @@ def parse_timestamp_ns(text: str) -> int:
     match = _TIMESTAMP.fullmatch(text)
     if match is None:
         raise ValueError(f"not a timestamp: {text!r}")
-    day = datetime.date.fromisoformat(match[1])
-    clock = datetime.time(int(match[2]), int(match[3]), int(match[4]))
-    seconds = (day.toordinal() - 1) * 86_400 + clock.hour * 3_600 + clock.minute * 60 + clock.second
+    hour, minute, second = int(match[2]), int(match[3]), int(match[4])
+    if hour > 23 or minute > 59 or second > 59:
+        raise ValueError(f"not a time of day: {text!r}")
+    seconds = _days_before(match[1]) * 86_400 + hour * 3_600 + minute * 60 + second
     fraction_ns = int((match[5] or "").ljust(9, "0"))
     return seconds * _NS_PER_S + fraction_ns
+
+
+@functools.lru_cache(maxsize=64)
+def _days_before(day: str) -> int:
+    """Days from 0001-01-01 to the date `day` (``YYYY-MM-DD``); ValueError for no such date.
+    (Cached: a trace's rows share a few days.)"""
+    return datetime.date.fromisoformat(day).toordinal() - 1

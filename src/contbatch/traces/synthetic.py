@@ -293,6 +293,8 @@ def scale_to_rate(trace: Trace, rate: float) -> Trace:
 
 def _rescaled(request: TraceRequest, factor: float) -> TraceRequest:
     arrival_ts = request.arrival_ts * factor
+    if request.deadline_ts is None and request.cancel_ts is None:  # (most requests: nothing else moves)
+        return request.replace(arrival_ts=arrival_ts)
 
     def moved(ts: float | None) -> float | None:
         return None if ts is None else arrival_ts + (ts - request.arrival_ts)

@@ -43,6 +43,15 @@ class Grant:
     num_missing_blocks: int  # when not granted: how many more free blocks were needed (>= 1); else 0
     num_cached_blocks: int = 0  # prefix-cache hits: the first num_cached_blocks of new_block_ids
 
+    def __init__(
+        self, granted: bool, new_block_ids: tuple[int, ...], num_missing_blocks: int, num_cached_blocks: int = 0
+    ) -> None:
+        """Written out: compiled, a generated one runs as Python (`contbatch.compiled`)."""
+        object.__setattr__(self, "granted", granted)
+        object.__setattr__(self, "new_block_ids", new_block_ids)
+        object.__setattr__(self, "num_missing_blocks", num_missing_blocks)
+        object.__setattr__(self, "num_cached_blocks", num_cached_blocks)
+
 
 @dataclass(frozen=True, slots=True)
 class SwapOut:

@@ -222,13 +222,12 @@ class BlockPool:
         (the first of `block_ids` freed ends up at the very head). All-or-nothing: a block
         released more often than it is held raises ValueError and changes nothing.
         """
-        ids = block_ids if type(block_ids) is list else list(block_ids)
+        ids: list[int] = block_ids if type(block_ids) is list else list(block_ids)
         ref_counts = self._ref_counts
         # The common case: blocks with this one holder each (none repeated) go free, in order.
-        blocks = iter(ids)
-        for block_id in blocks:
+        for index, block_id in enumerate(ids):
             if ref_counts[block_id] != 1:
-                self._release_from(ids, len(ids) - 1 - len(list(blocks)))  # (from block_id's index on)
+                self._release_from(ids, index)
                 return
             ref_counts[block_id] = 0
         self._enqueue(ids)
