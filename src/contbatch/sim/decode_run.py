@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, MutableMapping
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from contbatch.core.fastforward import FastForward
@@ -56,7 +55,6 @@ class Segment(NamedTuple):
     blocks_in_use: list[int]
 
 
-@dataclass(slots=True, eq=False)
 class _Member:
     """A running request inside a run. Run step i (0-based) is the run's (i + 1)-th step.
 
@@ -70,30 +68,15 @@ class _Member:
     - `stops`: its last token is an executor stop (else the output limit ends it);
     - `owed_at_join`: blocks counted for it when it started decoding but not taken from the pool
       (admitted in the run: its first allocation and what it grew into while prefilling; 0 for
-      requests that decoded before the run).
+      requests that decoded before the run);
+    - `done`: it finished inside the run (its tokens are materialized).
     """
 
-    request: Request
-    first: int
-    last: int
-    base: int
-    grows_from: int
-    stops: bool
-    owed_at_join: int
-    done: bool = False
+    __slots__ = ("base", "done", "first", "grows_from", "last", "owed_at_join", "request", "stops")
 
-    def __init__(  # noqa: PLR0917 (a dataclass's signature: its fields, in order)
-        self,
-        request: Request,
-        first: int,
-        last: int,
-        base: int,
-        grows_from: int,
-        stops: bool,
-        owed_at_join: int,
-        done: bool = False,
+    def __init__(  # noqa: PLR0917 (one positional call site, in field order)
+        self, request: Request, first: int, last: int, base: int, grows_from: int, stops: bool, owed_at_join: int
     ) -> None:
-        """Written out: compiled, a generated one runs as Python (`contbatch.compiled`)."""
         self.request = request
         self.first = first
         self.last = last
@@ -101,7 +84,7 @@ class _Member:
         self.grows_from = grows_from
         self.stops = stops
         self.owed_at_join = owed_at_join
-        self.done = done
+        self.done = False
 
     def owed_after(self, num_steps: int, block_size: int) -> int:
         """Blocks owed for it after the run's first `num_steps` steps: those counted at its
@@ -111,39 +94,28 @@ class _Member:
         return self.owed_at_join + grown
 
 
-@dataclass(slots=True, eq=False)
 class _Prefill:
     """The member computing what it knows in chunks (its prompt; after a recompute preemption,
     its outputs too), the newest running: `done` tokens computed, `blocks` held (counted; those
     held in the pool before the run included), `owed` of them not taken from the pool."""
 
-    request: Request
-    done: int
-    blocks: int
-    owed: int
+    __slots__ = ("blocks", "done", "owed", "request")
 
     def __init__(self, request: Request, done: int, blocks: int, owed: int) -> None:
-        """Written out: compiled, a generated one runs as Python (`contbatch.compiled`)."""
         self.request = request
         self.done = done
         self.blocks = blocks
         self.owed = owed
 
 
-@dataclass(frozen=True, slots=True)
 class _Planned:
     """A step `plan_step` planned: its shape, the KV blocks in use while it runs, the decoding
     members' growth, the prefilling member's chunk and growth, and the waiting requests it admits
-    (each with its first chunk and first blocks), in queue order."""
+    (each with its first chunk and first blocks), in queue order. Read only."""
 
-    shape: SchedulerOutput
-    used: int
-    growth: int
-    prefill_chunk: ScheduledChunk | None
-    prefill_growth: int
-    admitted: list[tuple[Request, ScheduledChunk, int]]
+    __slots__ = ("admitted", "growth", "prefill_chunk", "prefill_growth", "shape", "used")
 
-    def __init__(  # noqa: PLR0917 (a dataclass's signature: its fields, in order)
+    def __init__(  # noqa: PLR0917 (one positional call site, in field order)
         self,
         shape: SchedulerOutput,
         used: int,
@@ -152,13 +124,12 @@ class _Planned:
         prefill_growth: int,
         admitted: list[tuple[Request, ScheduledChunk, int]],
     ) -> None:
-        """Written out: compiled, a generated one runs as Python (`contbatch.compiled`)."""
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "used", used)
-        object.__setattr__(self, "growth", growth)
-        object.__setattr__(self, "prefill_chunk", prefill_chunk)
-        object.__setattr__(self, "prefill_growth", prefill_growth)
-        object.__setattr__(self, "admitted", admitted)
+        self.shape = shape
+        self.used = used
+        self.growth = growth
+        self.prefill_chunk = prefill_chunk
+        self.prefill_growth = prefill_growth
+        self.admitted = admitted
 
 
 class DecodeRun:
