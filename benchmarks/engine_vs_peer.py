@@ -7,7 +7,9 @@ demo checkpoint (`contbatch.engine.demo.ensure_demo_model`, float32, CPU, ``--th
 through OMP/MKL_NUM_THREADS):
 
 - ``contbatch``: `contbatch serve --backend engine --kv-cache-memory MIB --set
-  max_num_batched_tokens=BUDGET`, MIB being ``--kv-tokens`` tokens of KV;
+  max_num_batched_tokens=BUDGET`, MIB being ``--kv-tokens`` tokens of KV, and the serving flags of
+  ``--contbatch-flags`` (default: ``--set queue_order=shortest --gather-gap 0.01``: shortest prompt
+  first, and an idle engine's first step waiting for the rest of a burst; see docs/server.md);
 - ``transformers``: `transformers serve --continuous-batching --cb-block-size 256 --cb-num-blocks
   KV_TOKENS/256 --cb-max-batch-tokens BUDGET`: the same KV capacity in tokens and the same token
   budget per step (skipped when transformers cannot serve here);
@@ -17,8 +19,9 @@ through OMP/MKL_NUM_THREADS):
   runs only the workloads whose requests fit a slot.
 - ``baseline`` (with ``--baseline REV``): the ``contbatch`` server as commit REV had it (its
   ``src`` exported by `git archive` into ``--work-dir`` and put first on the server's
-  PYTHONPATH), with the same flags: an engine change measured against the code before it, side
-  by side in one run (the peers' speed drifts with the machine between runs).
+  PYTHONPATH), with the same flags but ``--contbatch-flags``' (the server's defaults): an engine
+  change measured against the code before it, side by side in one run (the peers' speed drifts
+  with the machine between runs).
 
 Workloads (each a trace file in ``--work-dir``, sent by `contbatch bench --trace`, in this
 process, plain OpenAI requests with temperature 0 to every server alike: transformers serve
@@ -57,6 +60,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -72,6 +76,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("contbatch", "baseline", "transformers", "llama.cpp")
 PEERS = ("baseline", "transformers", "llama.cpp")
 PEER_BLOCK = 256  # transformers serve's KV block (its default page size)
+CONTBATCH_FLAGS = "--set queue_order=shortest --gather-gap 0.01"  # the contbatch server's serving choices
 LLAMA_SLOTS, LLAMA_CTX = 48, 24576
 LLAMA_DIR = Path(os.environ.get("ANCHOR_DIR", Path.home() / ".cache" / "contbatch-anchors" / "llamacpp"))
 LLAMA_MISSING = "llama.cpp: not built (../shared/anchors/llamacpp/build.sh)"
@@ -187,6 +192,7 @@ class Setup:
     gguf: Path
     work: Path
     baseline_src: Path | None = None  # the baseline commit's exported src (--baseline)
+    contbatch_flags: tuple[str, ...] = ()  # the `contbatch` server's serving flags (not the baseline's)
 
 
 def kv_mib_for(kv_tokens: int, bytes_per_token: int) -> int:
@@ -229,7 +235,8 @@ def server_argv(name: str, setup: Setup, port: int) -> list[str]:
     if name in ("contbatch", "baseline"):
         return contbatch_argv("serve", "--backend", "engine", "--model", model, "--served-model-name", model,
                               "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", str(setup.kv_mib),
-                              "--set", f"max_num_batched_tokens={setup.budget}", port=port)  # fmt: skip
+                              "--set", f"max_num_batched_tokens={setup.budget}",
+                              *(setup.contbatch_flags if name == "contbatch" else ()), port=port)  # fmt: skip
     if name == "transformers":
         return transformers_serve_argv(
             model,
@@ -463,6 +470,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-tokens", type=int, default=32768, help="KV capacity of each server, in tokens")
     parser.add_argument("--token-budget", type=int, default=2048, help="tokens per step (both servers)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contbatch-flags", default=CONTBATCH_FLAGS,
+                        help=f"the contbatch server's serving flags (default {CONTBATCH_FLAGS!r})")  # fmt: skip
     parser.add_argument("--llama-server", type=Path, default=LLAMA_DIR / "build" / "bin" / "llama-server")
     parser.add_argument("--gguf", type=Path, default=LLAMA_DIR / "demo-f32.gguf")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/contbatch-engine-vs-peer"))
@@ -507,7 +516,7 @@ def run(argv: list[str] | None = None) -> int:
     kv_mib = kv_mib_for(args.kv_tokens, bytes_per_block(load_spec(str(model)), 1, torch.float32))
     baseline = export_baseline(args.baseline, args.work_dir) if args.baseline else None
     setup = Setup(model, args.kv_tokens, kv_mib, args.token_budget, args.threads, args.llama_server, args.gguf,
-                  args.work_dir, baseline)  # fmt: skip
+                  args.work_dir, baseline, tuple(shlex.split(args.contbatch_flags)))  # fmt: skip
     items = workloads(args.quick)
     traces = write_traces(items, model, args.work_dir)
     names, notes = available(args, setup)
@@ -524,7 +533,7 @@ def run(argv: list[str] | None = None) -> int:
     summary = summarize_reps(items, reps)
     text = table(items, summary, notes)
     if args.baseline:
-        text += f"\nbaseline: the contbatch server of commit {args.baseline}"
+        text += f"\nbaseline: the contbatch server of commit {args.baseline}, with the server's default flags"
     print(text)
     document = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

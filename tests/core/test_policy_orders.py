@@ -6,6 +6,9 @@
 - aging: key priority + rate x arrival, so a low-priority request is overtaken only by requests
   arriving less than (p - p') / rate after it (a tie goes to the earlier arrival), and the order
   equals the effective priority p - rate x (now - arrival) at every now.
+- shortest: key prompt tokens + rate x arrival, so a long prompt is overtaken only by shorter ones
+  arriving less than (L - L') / rate after it; through the scheduler a burst is admitted shortest
+  first.
 - fair (VTC): prompt charged at first admission (not again after a preemption), each output token
   charged, both divided by the tenant's weight; a tenant becoming backlogged is lifted to the
   smallest counter of the backlogged tenants (never lowered); candidates go to the backlogged
@@ -43,7 +46,7 @@ def order(name: str, *, rate: float = 1.0, weights: dict[str, float] | None = No
 
 def test_make_queue_picks_the_class_and_refuses_unknown_orders() -> None:
     assert type(order("fcfs")) is WaitingQueue
-    assert all(isinstance(order(n), KeyedQueue) for n in ("priority", "deadline", "aging"))
+    assert all(isinstance(order(n), KeyedQueue) for n in ("priority", "deadline", "aging", "shortest"))
     assert isinstance(order("fair"), FairQueue)
     with pytest.raises(ValueError, match="unknown queue order 'lifo'"):
         order("lifo")
@@ -148,6 +151,40 @@ def test_aging_versus_priority_through_the_scheduler() -> None:
 
     assert run("aging") == ["h0", "h1", "h2", "low", "h3", "h4"]
     assert run("priority") == ["h0", "h1", "h2", "h3", "h4", "h5"]
+
+
+# -- shortest -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [0.5, 2.0])
+def test_shortest_long_prompt_is_overtaken_only_by_arrivals_within_dl_over_rate(rate: float) -> None:
+    q = order("shortest", rate=rate)
+    long = Request("long", 10.0, 100, 1)
+    q.push(long)
+    window = (100 - 40) / rate  # (L - L') / rate with L' = 40
+    for rid, offset in (("inside", window * 0.99), ("tie", window), ("outside", window * 1.01), ("same", 0.0)):
+        q.push(Request(rid, 10.0 + offset, 40, 1))
+    # "same" and "inside" overtake; "tie" has an equal key and the earlier arrival (long) wins
+    assert ids(q) == ["same", "inside", "long", "tie", "outside"]
+
+
+def test_shortest_orders_a_burst_by_prompt_length_ties_by_arrival() -> None:
+    q = order("shortest")
+    lengths = {"a": 300, "b": 120, "c": 300, "d": 7, "e": 120}
+    for i, (rid, n) in enumerate(lengths.items()):
+        q.push(Request(rid, 5.0 + i * 1e-6, n, 1))
+    assert ids(q.candidates(5.0)) == ["d", "b", "e", "a", "c"]
+
+
+def test_shortest_admits_a_burst_shortest_first_through_the_scheduler() -> None:
+    # budget 64: shortest first, 10 + 20 + 30 whole and 4 tokens of the 50-token prompt; fcfs: the
+    # 50-token prompt whole and 14 tokens of the 30-token one
+    def run(queue_order: str) -> list[tuple[str, int]]:
+        s = ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=64, queue_order=queue_order))
+        for rid, n in (("p50", 50), ("p30", 30), ("p10", 10), ("p20", 20)):
+            s.add_request(Request(rid, 0.0, n, 4), 0.0)
+        return [(c.request_id, c.num_new_tokens) for c in step(s, 0.0).chunks]
+
+    assert run("shortest") == [("p10", 10), ("p20", 20), ("p30", 30), ("p50", 4)]
+    assert run("fcfs") == [("p50", 50), ("p30", 14)]
 
 
 # -- fair ---------------------------------------------------------------------------------------

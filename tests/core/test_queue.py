@@ -77,7 +77,7 @@ def test_remove_is_by_identity_not_by_id() -> None:
 
 # -- the registry -------------------------------------------------------------------------------
 def test_every_registered_order_is_accepted_by_the_config_and_builds_a_queue() -> None:
-    assert tuple(QUEUE_ORDERS) == ("fcfs", "priority", "deadline", "aging", "fair")
+    assert tuple(QUEUE_ORDERS) == ("fcfs", "priority", "deadline", "aging", "shortest", "fair")
     for name, entry in QUEUE_ORDERS.items():
         assert entry.help and "\n" not in entry.help
         assert SchedulerConfig(queue_order=name).queue_order == name

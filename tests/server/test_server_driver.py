@@ -1,5 +1,5 @@
 """The step driver on its own (no HTTP): events, rejections, failure isolation, stop strings,
-cancellation, output credits, timers and shutdown."""
+cancellation, output credits, timers, gathering a burst after an idle spell, and shutdown."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from contbatch.core import SchedulerConfig, check_invariants
 from contbatch.core.config import PRESETS
 from contbatch.core.outputs import SchedulerOutput, StepResult
 from contbatch.core.status import FinishReason
-from contbatch.server.driver import Driver, DriverClosed
+from contbatch.server.driver import NO_GATHER, Driver, DriverClosed, Gather
 from contbatch.server.types import RequestEvent, SamplingParams, Submission
 
 
@@ -28,9 +28,11 @@ class FakeExecutor:
         self.fail_when = fail_when
         self.added: list[str] = []
         self.released: list[str] = []
+        self.steps: list[list[str]] = []  # the requests of each step's chunks
         self.num_steps = 0
 
     def execute(self, out: SchedulerOutput) -> StepResult:
+        self.steps.append([c.request_id for c in out.chunks])
         self.added += [new.request_id for new in out.new_requests]
         self.released += out.finished_ids
         if not out.chunks:
@@ -73,9 +75,9 @@ class FakeBackend:
         pass
 
 
-def make_driver(executor: FakeExecutor, *, word: str = "ab", **overrides: Any) -> Driver:
+def make_driver(executor: FakeExecutor, *, word: str = "ab", gather: Gather = NO_GATHER, **overrides: Any) -> Driver:
     config = SchedulerConfig.from_dict(overrides, base=PRESETS["engine"])
-    return Driver(FakeBackend(executor, config, Words(word)))
+    return Driver(FakeBackend(executor, config, Words(word)), gather=gather)
 
 
 def sub(rid: str, *, prompt: int = 8, max_tokens: int = 4, stop: tuple[str, ...] = (), at: float = 0.0) -> Submission:
@@ -341,3 +343,74 @@ def test_a_broken_sink_does_not_stop_the_driver() -> None:
     driver.stop()
     assert final.finish_reason is FinishReason.LENGTH
     assert_clean(driver)
+
+
+def test_an_idle_driver_gathers_a_burst_into_its_first_step() -> None:
+    # gap 1 s: submissions 50 ms apart all join the first step, which takes the shortest first
+    executor = FakeExecutor()
+    driver = make_driver(executor, gather=Gather(gap_s=1.0, max_s=30.0), queue_order="shortest")
+    driver.start()
+
+    async def main() -> None:
+        c = Collector(driver)
+        for rid, prompt in (("long", 12), ("mid", 8), ("short", 4)):
+            c.submit(sub(rid, prompt=prompt, max_tokens=2))
+            await asyncio.sleep(0.05)
+        for rid in ("long", "mid", "short"):
+            assert (await c.until_final(rid))[-1].finish_reason is FinishReason.LENGTH
+
+    run(main())
+    driver.stop()
+    assert executor.steps[0] == ["short", "mid", "long"]
+    assert_clean(driver)
+
+
+def test_gathering_ends_at_its_bound() -> None:
+    # a gap of 60 s would hold the first step for a minute; max_s 0.05 lets it run (until_final's
+    # 5 s timeout is the check)
+    driver = make_driver(FakeExecutor(), gather=Gather(gap_s=60.0, max_s=0.05))
+    driver.start()
+
+    async def main() -> None:
+        c = Collector(driver)
+        c.submit(sub("only", max_tokens=2))
+        assert (await c.until_final("only"))[-1].finish_reason is FinishReason.LENGTH
+
+    run(main())
+    driver.stop()
+    assert_clean(driver)
+
+
+def test_a_busy_driver_does_not_gather() -> None:
+    # submissions 50 ms apart while a request runs: were the busy driver gathering (gap 60 s), no
+    # step would run until they stopped; it keeps stepping, and each one joins a step
+    executor = FakeExecutor(step_s=0.005)
+    driver = make_driver(executor, gather=Gather(gap_s=60.0, max_s=0.01))
+    driver.start()
+
+    async def main() -> tuple[int, int]:
+        c = Collector(driver)
+        c.submit(sub("first", max_tokens=100_000))
+        while not executor.steps:
+            await asyncio.sleep(0.005)
+        steps_before = len(executor.steps)
+        for i in range(10):
+            c.submit(sub(f"r{i}", max_tokens=1))
+            await asyncio.sleep(0.05)
+        steps_during = len(executor.steps) - steps_before
+        for i in range(10):
+            assert (await c.until_final(f"r{i}"))[-1].finish_reason is FinishReason.LENGTH
+        driver.abort("first")
+        await c.until_final("first")
+        return steps_before, steps_during
+
+    _, steps_during = run(main())
+    driver.stop()
+    assert steps_during >= 1
+    assert_clean(driver)
+
+
+@pytest.mark.parametrize("bad", [{"gap_s": -0.1}, {"max_s": float("inf")}, {"gap_s": float("nan")}, {"max_s": True}])
+def test_gather_refuses_a_bad_number(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="must be a number >= 0"):
+        Gather(**bad)

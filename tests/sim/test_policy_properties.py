@@ -1,6 +1,6 @@
 """Property tests of the queue policies and the request lifecycle, through the simulator.
 
-Every queue order (fcfs, priority, deadline, aging, fair) x random small traces (tenants,
+Every queue order (fcfs, priority, deadline, aging, shortest, fair) x random small traces (tenants,
 priorities, deadlines, client cancel times, client read rates, output limits above the output
 length) x random lifecycle knobs (ttft / request timeouts, output credits, max_waiting, max_pause
 with either pause action) x random tenant weights and quotas x random tiny KV pools (or none) and

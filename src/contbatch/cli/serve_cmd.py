@@ -100,6 +100,17 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
     serve.add_argument("--default-max-tokens", type=int, default=1024, help="chat requests that give no limit")
     serve.add_argument("--shutdown-grace", type=float, default=5.0, metavar="S", help="in-flight time at shutdown")
+    serve.add_argument(
+        "--gather-gap",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="an idle engine's first step waits for a burst: until no request arrived for S seconds "
+        "(0, the default: it starts at once)",
+    )
+    serve.add_argument(
+        "--gather-max", type=float, default=0.25, metavar="S", help="... and at most S seconds in all (default 0.25)"
+    )
     _add_access_flags(serve)
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     serve.add_argument(
@@ -192,6 +203,9 @@ def _check_flags(args: argparse.Namespace) -> None:
     ):
         if not number >= 0:
             raise UsageError(f"{flag} must be >= 0, got {number}")
+    for flag, seconds in (("--gather-gap", args.gather_gap), ("--gather-max", args.gather_max)):
+        if not 0 <= seconds < float("inf"):
+            raise UsageError(f"{flag} must be a finite number of seconds >= 0, got {seconds}")
     if args.kv_cache_memory is not None and not args.kv_cache_memory > 0:
         raise UsageError(f"--kv-cache-memory must be > 0 MiB, got {args.kv_cache_memory}")
 
@@ -220,6 +234,7 @@ def build_app(args: argparse.Namespace) -> Any:
     from contbatch.server.app import create_app
     from contbatch.server.backends import BackendError, BackendOptions, make_backend
     from contbatch.server.client import DriverClient
+    from contbatch.server.driver import Gather
     from contbatch.server.serving import ServerConfig
     from contbatch.sim.cost import AffineCost
 
@@ -244,7 +259,8 @@ def build_app(args: argparse.Namespace) -> Any:
         trust_tenant_header=args.trust_tenant_header,
         api_keys=keys,
     )
-    return create_app(DriverClient(backend, scheduler=args.scheduler), server_config)
+    gather = Gather(args.gather_gap, args.gather_max)
+    return create_app(DriverClient(backend, scheduler=args.scheduler, gather=gather), server_config)
 
 
 def uvicorn_options(args: argparse.Namespace, send_buffer: int) -> dict[str, Any]:

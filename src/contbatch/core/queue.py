@@ -348,11 +348,17 @@ def _aging(options: QueueOptions) -> WaitingQueue:
     return KeyedQueue(lambda r: r.priority + rate * r.arrival_ts)
 
 
+def _shortest(options: QueueOptions) -> WaitingQueue:
+    rate = options.aging_rate
+    return KeyedQueue(lambda r: r.num_prompt_tokens + rate * r.arrival_ts)
+
+
 QUEUE_ORDERS: dict[str, QueueOrder] = {
     "fcfs": QueueOrder(lambda _: WaitingQueue(), "arrival order; preempted requests go back to the front"),
     "priority": QueueOrder(lambda _: KeyedQueue(_priority), "lower priority value first, ties by arrival"),
     "deadline": QueueOrder(lambda _: KeyedQueue(_deadline), "earliest deadline first (none: last), ties by arrival"),
     "aging": QueueOrder(_aging, "priority - aging_rate x time waited, lowest first"),
+    "shortest": QueueOrder(_shortest, "fewest prompt tokens first, less aging_rate tokens per time waited"),
     "fair": QueueOrder(lambda o: FairQueue(o.tenant_weights), "tenant with the smallest virtual token counter first"),
 }
 """The queue orders by name: `SchedulerConfig.queue_order` is one of these keys."""

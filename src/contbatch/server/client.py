@@ -21,7 +21,7 @@ from typing import Protocol
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.server.backends.base import Backend, ChatMessage, PromptBound
-from contbatch.server.driver import Driver
+from contbatch.server.driver import NO_GATHER, Driver, Gather
 from contbatch.server.metrics import ServerMetrics
 from contbatch.server.types import DriverSnapshot, RequestEvent, Submission
 
@@ -147,9 +147,9 @@ class EngineClient(Protocol):
 class DriverClient:
     """The `EngineClient` over a `Driver` and a backend."""
 
-    def __init__(self, backend: Backend, *, scheduler: str = "continuous") -> None:
+    def __init__(self, backend: Backend, *, scheduler: str = "continuous", gather: Gather = NO_GATHER) -> None:
         self.backend = backend
-        self.driver = Driver(backend, scheduler=scheduler)
+        self.driver = Driver(backend, scheduler=scheduler, gather=gather)
         self.metrics = ServerMetrics(lambda: self.driver.snapshot, model_name=backend.model_name)
         self.driver.core.observers.append(self.metrics)
         self._model = ModelInfo(

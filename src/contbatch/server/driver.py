@@ -13,6 +13,13 @@ inbox and wake the thread. Outputs go back with `loop.call_soon_threadsafe`, bat
 loop, once after the inbox is applied and once after each step. With nothing to run the thread
 sleeps until a submission or the loop's next timer (timeouts, paused streams).
 
+Bursts (`Gather`, off by default): when the engine was idle and work comes in, the first step
+can wait for the rest of a burst, taking submissions until none arrived for `Gather.gap_s` (at
+most `Gather.max_s` in all). Without it the first step runs the first arrival alone, and the rest
+of the burst, arriving meanwhile, waits behind that step; with a queue order that picks among the
+waiting (`shortest`, `priority`), the step also picks from the whole burst. A lone request pays
+at most `gap_s`; a busy engine never waits (arrivals join at the next step boundary).
+
 What a request goes through (intake, detokenization, stop strings, finishing, failure of its
 step or of its own output processing) is the loop's; the driver adds the server's protocol:
 each request's events go to its own sink, and a submission the loop cannot take (a duplicate
@@ -37,6 +44,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from contbatch.core import make_scheduler
@@ -55,6 +63,24 @@ class DriverClosed(RuntimeError):
     """The driver no longer accepts submissions (shutting down, or stopped)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Gather:
+    """How the first step after an idle spell waits for a burst: until no submission arrived for
+    `gap_s` seconds, at most `max_s` after it began waiting. `gap_s` 0: no waiting."""
+
+    gap_s: float = 0.0
+    max_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        for name in ("gap_s", "max_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+                raise ValueError(f"gather {name} must be a number >= 0, got {value!r}")
+
+
+NO_GATHER = Gather()  # the default: an idle engine's first step starts at once
+
+
 class Driver:
     def __init__(
         self,
@@ -63,8 +89,10 @@ class Driver:
         scheduler: str = "continuous",
         clock: Callable[[], float] = time.monotonic,
         observers: Sequence[StepObserver] = (),
+        gather: Gather = NO_GATHER,
     ) -> None:
         self.backend = backend
+        self.gather = gather
         self.scheduler = make_scheduler(scheduler, backend.config)
         config = self.scheduler.config
         kv = config.kv
@@ -160,7 +188,10 @@ class Driver:
     def _run(self) -> None:
         while not self._halt:
             try:
+                was_idle = not self.core.has_unfinished()
                 self._apply_inbox()
+                if was_idle and self.gather.gap_s > 0 and self.core.has_unfinished():
+                    self._gather_burst()
                 self._publish()  # before routing: a client that got its final event sees its effects
                 self._route()
                 ran = self.core.step()
@@ -193,6 +224,19 @@ class Driver:
             elif kind == "cancel_all":
                 for request_id in core.tracked_ids():
                     core.abort(request_id, FinishReason.CANCELLED, "the server shut down")
+
+    def _gather_burst(self) -> None:
+        """Apply further inbox ops until none came for `gather.gap_s`, or `gather.max_s` passed
+        (wall time: `threading.Condition.wait`), or the driver is halting."""
+        gap_s = self.gather.gap_s
+        deadline = time.monotonic() + self.gather.max_s
+        while (left := deadline - time.monotonic()) > 0:
+            with self._cond:
+                if not self._inbox and not self._halt:
+                    self._cond.wait(min(gap_s, left))
+                if not self._inbox or self._halt:
+                    return
+            self._apply_inbox()
 
     def _submit_isolated(self, sub: Submission, loop: asyncio.AbstractEventLoop, sink: EventSink) -> None:
         """`_apply_submit`, so that whatever goes wrong ends this submission alone, with an event."""
