@@ -343,22 +343,27 @@ def _deadline(request: Request) -> float:
     return request.deadline_ts if request.deadline_ts is not None else float("inf")
 
 
-def _aging(options: QueueOptions) -> WaitingQueue:
-    rate = options.aging_rate
-    return KeyedQueue(lambda r: r.priority + rate * r.arrival_ts)
+def _aged(base: Callable[[Request], float]) -> Callable[[QueueOptions], WaitingQueue]:
+    """A keyed order whose key is base(request) + aging_rate x arrival: lowering the key by
+    aging_rate per time unit waited, the same for every request, is this fixed key."""
+
+    def make(options: QueueOptions) -> WaitingQueue:
+        rate = options.aging_rate
+        return KeyedQueue(lambda r: base(r) + rate * r.arrival_ts)
+
+    return make
 
 
-def _shortest(options: QueueOptions) -> WaitingQueue:
-    rate = options.aging_rate
-    return KeyedQueue(lambda r: r.num_prompt_tokens + rate * r.arrival_ts)
+def _prompt_tokens(request: Request) -> float:
+    return float(request.num_prompt_tokens)
 
 
 QUEUE_ORDERS: dict[str, QueueOrder] = {
     "fcfs": QueueOrder(lambda _: WaitingQueue(), "arrival order; preempted requests go back to the front"),
     "priority": QueueOrder(lambda _: KeyedQueue(_priority), "lower priority value first, ties by arrival"),
     "deadline": QueueOrder(lambda _: KeyedQueue(_deadline), "earliest deadline first (none: last), ties by arrival"),
-    "aging": QueueOrder(_aging, "priority - aging_rate x time waited, lowest first"),
-    "shortest": QueueOrder(_shortest, "fewest prompt tokens first, less aging_rate tokens per time waited"),
+    "aging": QueueOrder(_aged(_priority), "priority - aging_rate x time waited, lowest first"),
+    "shortest": QueueOrder(_aged(_prompt_tokens), "fewest prompt tokens first, less aging_rate tokens per time waited"),
     "fair": QueueOrder(lambda o: FairQueue(o.tenant_weights), "tenant with the smallest virtual token counter first"),
 }
 """The queue orders by name: `SchedulerConfig.queue_order` is one of these keys."""

@@ -188,9 +188,9 @@ class Driver:
     def _run(self) -> None:
         while not self._halt:
             try:
-                was_idle = not self.core.has_unfinished()
+                gathers = self.gather.gap_s > 0 and not self.core.has_unfinished()  # idle, gathering on
                 self._apply_inbox()
-                if was_idle and self.gather.gap_s > 0 and self.core.has_unfinished():
+                if gathers and self.core.has_unfinished():
                     self._gather_burst()
                 self._publish()  # before routing: a client that got its final event sees its effects
                 self._route()
