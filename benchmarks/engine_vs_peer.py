@@ -8,8 +8,10 @@ through OMP/MKL_NUM_THREADS):
 
 - ``contbatch``: `contbatch serve --backend engine --kv-cache-memory MIB --set
   max_num_batched_tokens=BUDGET`, MIB being ``--kv-tokens`` tokens of KV, and the serving flags of
-  ``--contbatch-flags`` (default: ``--set queue_order=shortest --gather-gap 0.01``: shortest prompt
-  first, and an idle engine's first step waiting for the rest of a burst; see docs/server.md);
+  ``--contbatch-flags`` (default: ``--set queue_order=shortest --set defer_partial_prefills=true
+  --gather-gap 0.01``: shortest prompt first, no new split prefill in a step that already yields a
+  first token, and an idle engine's first step waiting for the rest of a burst; see
+  docs/server.md);
 - ``transformers``: `transformers serve --continuous-batching --cb-block-size 256 --cb-num-blocks
   KV_TOKENS/256 --cb-max-batch-tokens BUDGET`: the same KV capacity in tokens and the same token
   budget per step (skipped when transformers cannot serve here);
@@ -76,7 +78,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("contbatch", "baseline", "transformers", "llama.cpp")
 PEERS = ("baseline", "transformers", "llama.cpp")
 PEER_BLOCK = 256  # transformers serve's KV block (its default page size)
-CONTBATCH_FLAGS = "--set queue_order=shortest --gather-gap 0.01"  # the contbatch server's serving choices
+# the contbatch server's serving choices
+CONTBATCH_FLAGS = "--set queue_order=shortest --set defer_partial_prefills=true --gather-gap 0.01"
 LLAMA_SLOTS, LLAMA_CTX = 48, 24576
 LLAMA_DIR = Path(os.environ.get("ANCHOR_DIR", Path.home() / ".cache" / "contbatch-anchors" / "llamacpp"))
 LLAMA_MISSING = "llama.cpp: not built (../shared/anchors/llamacpp/build.sh)"

@@ -3,7 +3,8 @@
 
 Covers `max_prefill_tokens_per_request` (caps one request's prefill chunk), `max_partial_prefills`
 (caps new partial prefills; running ones continue; a prompt finished in one chunk is not
-partial), `prefill_first` (prefill chunks before decodes, decodes get the leftover) versus the
+partial), `defer_partial_prefills` (no new partial prefill in a step that yields a first token),
+`prefill_first` (prefill chunks before decodes, decodes get the leftover) versus the
 default decodes-first order, and `skip_blocked` / `max_skip_age` with a request blocked by memory.
 """
 
@@ -19,7 +20,7 @@ from contbatch.core import (
     SchedulerOutput,
     check_invariants,
 )
-from contbatch.core.config import KVConfig
+from contbatch.core.config import ConfigError, KVConfig
 
 from .drive import run_to_end, step
 
@@ -103,6 +104,65 @@ def test_two_partial_prefills_run_together_under_a_cap_of_two() -> None:
     s = ContinuousScheduler(config)
     outs = drive(s, [Request(rid, 0.0, 10, 1) for rid in "abc"], 1)
     assert chunks(outs[0]) == [("a", 0, 4), ("b", 0, 4)]
+
+
+# -- defer_partial_prefills --------------------------------------------------------------------
+def _deferring(skip_blocked: bool = False, budget: int = 16) -> ContinuousScheduler:
+    config = SchedulerConfig(
+        max_num_batched_tokens=budget, defer_partial_prefills=True, skip_blocked=skip_blocked, kv=BIG_KV
+    )
+    return ContinuousScheduler(config)
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_burst_step_ends_at_its_last_whole_prompt_when_partials_are_deferred(defer: bool) -> None:
+    config = SchedulerConfig(max_num_batched_tokens=16, defer_partial_prefills=defer, kv=BIG_KV)
+    s = ContinuousScheduler(config)
+    reqs = [Request(rid, 0.0, 6, 2) for rid in "abc"]
+    outs = [chunks(o) for o in drive(s, reqs, 3)]
+    if defer:
+        assert outs == [
+            [("a", 0, 6), ("b", 0, 6)],  # c's 4-token partial chunk would delay a's and b's first tokens
+            [("a", 6, 1), ("b", 6, 1), ("c", 0, 6)],  # c first in line: whole now
+            [("c", 6, 1)],
+        ]
+    else:
+        assert outs == [
+            [("a", 0, 6), ("b", 0, 6), ("c", 0, 4)],
+            [("a", 6, 1), ("b", 6, 1), ("c", 4, 2)],
+            [("c", 6, 1)],
+        ]
+    run_to_end(s, 3.0)
+    assert all(r.finish_reason is FinishReason.LENGTH for r in reqs)
+
+
+def test_a_deferred_prompt_longer_than_the_budget_still_starts_in_the_next_step() -> None:
+    s = _deferring(budget=8)
+    reqs = [Request("a", 0.0, 3, 3), Request("b", 0.0, 20, 1)]
+    outs = [chunks(o) for o in drive(s, reqs, 4)]
+    assert outs == [
+        [("a", 0, 3)],  # b could only start partial: deferred
+        [("a", 3, 1), ("b", 0, 7)],  # decodes are not prefills: b's partial chunk starts
+        [("a", 4, 1), ("b", 7, 7)],  # a running partial prefill continues as before
+        [("b", 14, 6)],
+    ]
+    run_to_end(s, 4.0)
+    assert all(r.finish_reason is FinishReason.LENGTH for r in reqs)
+
+
+def test_a_deferred_partial_blocks_the_queue_unless_skip_blocked() -> None:
+    reqs = lambda: [Request("a", 0.0, 10, 1), Request("b", 0.0, 9, 1), Request("c", 0.0, 4, 1)]  # noqa: E731
+    strict = chunks(drive(_deferring(), reqs(), 1)[0])
+    passing = chunks(drive(_deferring(skip_blocked=True), reqs(), 1)[0])
+    assert strict == [("a", 0, 10)]  # b would be partial (6 of 9): refused, and c waits behind it
+    assert passing == [("a", 0, 10), ("c", 0, 4)]  # c fits whole: it passes, b stays deferred
+
+
+def test_deferring_partials_needs_engine_semantics() -> None:
+    with pytest.raises(ConfigError, match="defer_partial_prefills needs sample_on_prefill"):
+        SchedulerConfig(defer_partial_prefills=True, sample_on_prefill=False)
+    with pytest.raises(ConfigError, match="defer_partial_prefills"):
+        SchedulerConfig(defer_partial_prefills="yes")  # type: ignore[arg-type]
 
 
 # -- prefill_first ------------------------------------------------------------------------------

@@ -74,11 +74,13 @@ def configs(draw: st.DrawFn, num_blocks: int) -> SchedulerConfig:
     kv = dataclasses.replace(draw(kv_configs), num_blocks=num_blocks)
     spec = draw(st.sampled_from([0, 0, 1, 3]))
     buckets = draw(st.lists(st.integers(1, 40), max_size=3, unique=True).map(lambda b: tuple(sorted(b))))
+    sample_on_prefill = True if spec else draw(st.booleans())
     config = SchedulerConfig(
         max_num_batched_tokens=draw(st.integers(1, 48)),
         max_num_seqs=draw(st.sampled_from([None, None, 1, 2, 4, 8])),
         max_model_len=draw(st.sampled_from([None, None, None, 30, 60])),
-        sample_on_prefill=True if spec else draw(st.booleans()),
+        sample_on_prefill=sample_on_prefill,
+        defer_partial_prefills=sample_on_prefill and draw(st.booleans()),
         chunked_prefill=draw(st.sampled_from([True, True, False])),
         max_prefill_tokens_per_request=draw(st.none() | st.integers(1, 8)),
         max_partial_prefills=draw(st.none() | st.integers(1, 3)),

@@ -138,6 +138,7 @@ def cases(draw: st.DrawFn, pressure: bool = False) -> tuple[SchedulerConfig, Tra
         aging_rate=draw(st.sampled_from([0.25, 1.0, 4.0])),
         priority_preemption=threshold,
         skip_blocked=draw(st.booleans()),
+        defer_partial_prefills=draw(st.booleans()),
         kv=kv,
         tenants=TenantConfig(
             weights=tuple(dict(weights).items()),

@@ -79,9 +79,11 @@ def kv_configs(
 @st.composite
 def configs(draw: st.DrawFn) -> SchedulerConfig:
     kv = draw(kv_configs(st.integers(30, 200), ["reserve", "optimistic", "estimate"], [0.0, 0.01]))
+    sample_on_prefill = draw(st.sampled_from([True, True, False]))  # False: the seed's semantics
     return SchedulerConfig(
         max_num_batched_tokens=draw(st.sampled_from([16, 64, 512])),
-        sample_on_prefill=draw(st.sampled_from([True, True, False])),  # False: the seed's semantics
+        sample_on_prefill=sample_on_prefill,
+        defer_partial_prefills=sample_on_prefill and draw(st.booleans()),
         max_num_seqs=draw(st.sampled_from([None, 3, 8])),
         chunked_prefill=draw(st.booleans()),
         max_prefill_tokens_per_request=draw(st.sampled_from([None, 8])),

@@ -7,7 +7,10 @@ its quota or its client has not read its earlier output (no output credits). Oth
 admitted if a running slot, its next chunk's tokens and its memory fit; if not, with
 `priority_preemption` set it may preempt running requests whose priority value is larger by
 at least that threshold (at the sequence limit too), and else it blocks the queue or is
-passed, as `skip_blocked` and `max_skip_age` say.
+passed, as `skip_blocked` and `max_skip_age` say. A new prefill that would be split is refused
+in the same way when `max_partial_prefills` are in flight, or, with `defer_partial_prefills`,
+when a prefill chunk of the step already samples: its partial chunk would delay those first
+tokens, and the step ends sooner without it (it is offered first again next step).
 
 Invariants: a refused admission changes nothing; requests preempted here go back to the queue
 only after the candidate iteration ends (the queue never changes while it is being iterated).
@@ -175,11 +178,15 @@ class Admission(SchedulerBase):
 
     def _admission_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder) -> tuple[int, ...] | None:
         """Device blocks a swapped-out request got back (empty tuple for others), or None when the
-        request may not start now: too many partial prefills, or its memory does not fit."""
-        cap = self.config.max_partial_prefills
-        if cap is not None and _is_partial(request, chunk):
-            in_flight = sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
-            if in_flight + step.num_new_partial_prefills >= cap:
+        request may not start now: too many partial prefills, a partial one deferred, or its memory
+        does not fit."""
+        if _is_partial(request, chunk):
+            cap = self.config.max_partial_prefills
+            if cap is not None:
+                in_flight = sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
+                if in_flight + step.num_new_partial_prefills >= cap:
+                    return None
+            if self.config.defer_partial_prefills and _yields_from_prefill(step):
                 return None
         if self.memory is None:
             return ()
@@ -188,6 +195,12 @@ class Admission(SchedulerBase):
 
 def _is_partial(request: Request, chunk: ScheduledChunk) -> bool:
     return chunk.start + chunk.num_new_tokens < request.num_prompt_tokens
+
+
+def _yields_from_prefill(step: StepBuilder) -> bool:
+    """Whether a prefill chunk of `step` samples: the step yields a prompt's first token (or,
+    after a recompute, its next one)."""
+    return any(c.is_prefill and c.samples for c in step.chunks.values())
 
 
 class _TenantQuota:

@@ -167,6 +167,7 @@ class SchedulerConfig:
     chunked_prefill: bool = True  # a prompt may be split across steps under the token budget
     max_prefill_tokens_per_request: int | None = None  # cap on one request's prefill chunk (chunked only)
     max_partial_prefills: int | None = None  # cap on requests holding a partial prefill at once
+    defer_partial_prefills: bool = False  # no new split prefill in a step that already yields a prompt's first token
     prefill_first: bool = False  # prefills take the budget before decodes (False: decodes first, stall-free)
     skip_blocked: bool = False  # a waiting request that does not fit lets later ones pass
     max_skip_age: float | None = None  # ... unless it has waited this long (clock units); None: no limit
@@ -185,7 +186,7 @@ class SchedulerConfig:
             if getattr(self, name) is not None:
                 _require_int(name, getattr(self, name), minimum=1)
         _require_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
-        for name in ("sample_on_prefill", "chunked_prefill", "prefill_first", "skip_blocked"):
+        for name in ("sample_on_prefill", "chunked_prefill", "prefill_first", "skip_blocked", "defer_partial_prefills"):
             _require_bool(name, getattr(self, name))
         if self.max_skip_age is not None and not _is_number(self.max_skip_age, minimum=0.0):
             raise ConfigError(f"scheduler config: max_skip_age must be a number >= 0, got {self.max_skip_age!r}")
@@ -199,8 +200,16 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, cls) and not (name == "kv" and value is None):
                 raise ConfigError(f"scheduler config: {name} must be a {cls.__name__}, got {value!r}")
-        if self.num_speculative_tokens and not self.sample_on_prefill:
+        self._check_engine_semantics()
+
+    def _check_engine_semantics(self) -> None:
+        """Fields that mean something only where the step completing a prompt samples its first token."""
+        if self.sample_on_prefill:
+            return
+        if self.num_speculative_tokens:
             raise ConfigError("scheduler config: num_speculative_tokens needs sample_on_prefill (engine semantics)")
+        if self.defer_partial_prefills:
+            raise ConfigError("scheduler config: defer_partial_prefills needs sample_on_prefill (engine semantics)")
 
     def _check_buckets(self) -> None:
         buckets = self.batch_buckets

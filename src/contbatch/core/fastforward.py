@@ -19,9 +19,9 @@ next token needs, but the newest, which may be part-way through computing what i
 when requests wait or one is prefilling, an admission phase with nothing else to decide:
 `admits` (no tenant seat quota, fair-share accounting or waiting-queue bound), decodes before
 prefills (not `prefill_first`), a blocked request blocking the queue (not `skip_blocked`), no
-priority preemption, no cap on a request's chunk or on partial prefills (so a partial prefill
-always takes the rest of the budget and is the newest running request). `admits` alone allows
-admitting arrivals into an otherwise idle queue.
+priority preemption, no cap on a request's chunk or on partial prefills and none deferred (so
+a partial prefill always takes the rest of the budget and is the newest running request).
+`admits` alone allows admitting arrivals into an otherwise idle queue.
 
 Invariants while one is open: the caller alone drives the scheduler until `close`; blocks the
 caller counts as owed are not taken from the pool until `hold` (at close), so the pool's
@@ -79,6 +79,7 @@ def _plain_admission(s: ContinuousScheduler) -> bool:
         and cfg.priority_preemption is None
         and cfg.max_partial_prefills is None
         and cfg.max_prefill_tokens_per_request is None
+        and not cfg.defer_partial_prefills
     )
 
 

@@ -11,7 +11,8 @@ The scheduling model, stated once:
   `max_num_seqs` running requests (`prefill_first` puts prefill chunks, running or new, ahead
   of decodes instead). With `chunked_prefill` a prompt takes whatever budget is left (at most
   `max_prefill_tokens_per_request`, and new partial prefills only while fewer than
-  `max_partial_prefills` are in flight); without it a prompt runs whole or not at all. A
+  `max_partial_prefills` are in flight, and with `defer_partial_prefills` none in a step in
+  which a prefill chunk already samples); without it a prompt runs whole or not at all. A
   waiting request that does not fit either blocks the queue behind it (`skip_blocked=False`,
   strict order) or is skipped so smaller ones may pass (`skip_blocked=True`, the seed's
   reference) unless it has waited `max_skip_age` or longer.
