@@ -159,7 +159,10 @@ class Admission(SchedulerBase):
             external = min(request.num_external_tokens, request.num_prompt_tokens - 1) if first_admission else 0
             request.num_computed_tokens = max(hits, external)
         chunk = self._plan(request, step)
-        swapped_in = None if chunk is None else self._admission_memory(request, chunk, step)
+        partial = chunk is not None and _is_partial(request, chunk)
+        swapped_in = None
+        if chunk is not None and (not partial or self._may_start_partial(step)):
+            swapped_in = self._admission_memory(request, chunk, step)
         if chunk is None or swapped_in is None:
             request.num_computed_tokens = start  # refused: nothing changed
             return False
@@ -170,24 +173,26 @@ class Admission(SchedulerBase):
             step.swapped_in.append((request.request_id, swapped_in))
         else:
             step.new_requests.append(request)
-        if _is_partial(request, chunk):
+        if partial:
             step.num_new_partial_prefills += 1
         step.budget.try_consume(chunk.num_new_tokens)
         step.add(chunk)
         return True
 
+    def _may_start_partial(self, step: StepBuilder) -> bool:
+        """Whether a new prefill may start with a partial chunk in `step`: fewer than
+        `max_partial_prefills` in flight, and, with `defer_partial_prefills`, no prefill chunk of
+        the step sampling."""
+        cap = self.config.max_partial_prefills
+        if cap is not None:
+            in_flight = sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
+            if in_flight + step.num_new_partial_prefills >= cap:
+                return False
+        return not (self.config.defer_partial_prefills and _yields_from_prefill(step))
+
     def _admission_memory(self, request: Request, chunk: ScheduledChunk, step: StepBuilder) -> tuple[int, ...] | None:
-        """Device blocks a swapped-out request got back (empty tuple for others), or None when the
-        request may not start now: too many partial prefills, a partial one deferred, or its memory
-        does not fit."""
-        if _is_partial(request, chunk):
-            cap = self.config.max_partial_prefills
-            if cap is not None:
-                in_flight = sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
-                if in_flight + step.num_new_partial_prefills >= cap:
-                    return None
-            if self.config.defer_partial_prefills and _yields_from_prefill(step):
-                return None
+        """Device blocks a swapped-out request got back (empty tuple for others), or None when its
+        memory does not fit."""
         if self.memory is None:
             return ()
         return self.memory.admit(request, chunk, alone=not self.running and not step.chunks)
