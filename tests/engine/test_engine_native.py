@@ -25,8 +25,10 @@ from contbatch.engine.native import (
     paged_decode,
     paged_prefill,
     panel_product,
+    rotate_in_place,
     silu_mul,
 )
+from contbatch.engine.rope import apply_rotary
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None or not Path("/proc/self/maps").exists(),
@@ -223,6 +225,37 @@ def test_panel_product_refuses_what_does_not_fit() -> None:
     for argmax in (torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.int32)):
         with pytest.raises(ValueError, match="argmax must be"):
             panel_product(torch.randn(3, 6), packed, argmax=argmax)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])  # (300 x 8 heads x 64: split over the threads)
+@pytest.mark.parametrize("head_dim", [64, 6])
+def test_rotate_in_place_gives_apply_rotarys_bits(rows: int, head_dim: int) -> None:
+    """The q and k heads of a fused projection's output (a strided view: v's columns after them
+    are left alone), rotated in place to the bits of the torch path (each product rounded)."""
+    torch.manual_seed(rows + head_dim)
+    qkv = torch.randn(rows, 10 * head_dim) * 3
+    before = qkv.clone()
+    x = qkv[:, : 8 * head_dim].view(rows, 8, head_dim)
+    angles = torch.rand(rows, head_dim // 2) * 100
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    expected = apply_rotary(x, cos, sin)
+    assert rotate_in_place(x, cos, sin)
+    assert torch.equal(x, expected)
+    assert torch.equal(qkv[:, 8 * head_dim :], before[:, 8 * head_dim :])
+
+
+def test_rotate_in_place_leaves_what_it_does_not_read_to_torch() -> None:
+    x, cos = torch.randn(4, 2, 8), torch.randn(4, 8)
+    before = x.clone()
+    for args in (
+        (x.double(), cos.double(), cos.double()),  # another dtype
+        (x.transpose(1, 2), cos, cos),  # heads not contiguous
+        (x, cos[:3], cos[:3]),  # a row short
+        (x, cos.t().contiguous().t(), cos.t().contiguous().t()),  # cos's rows strided
+        (torch.randn(4, 2, 7), torch.randn(4, 7), torch.randn(4, 7)),  # an odd head_dim
+    ):
+        assert not rotate_in_place(*args)
+    assert torch.equal(x, before)
 
 
 def test_fused_kernels_leave_what_they_do_not_read_to_torch() -> None:

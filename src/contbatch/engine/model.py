@@ -30,7 +30,7 @@ from contbatch.engine.device import resolve_device
 from contbatch.engine.host_memory import retain_freed_memory
 from contbatch.engine.kv_cache import PagedKVCache
 from contbatch.engine.linear import in_panels, linear, pack_weight
-from contbatch.engine.native import add_rms_norm, panel_product, silu_mul
+from contbatch.engine.native import add_rms_norm, panel_product, rotate_in_place, silu_mul
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
 
@@ -155,12 +155,15 @@ class LlamaModel:
         meta: AttentionMetadata,
         cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        """Self-attention of `x` (the normalised hidden states); q and k heads are rotated in one call."""
+        """Self-attention of `x` (the normalised hidden states); q and k heads are rotated in one
+        call: in place in the projection's output by the native kernel where it runs."""
         cos, sin = rope
         s = self.spec
         qkv = linear(x, layer.qkv_t, layer.qkv_bias)
         qk, v = torch.split(qkv, [s.q_size + s.kv_size, s.kv_size], dim=-1)
-        qk = apply_rotary(qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim), cos, sin)
+        qk = qk.view(-1, s.num_heads + s.num_kv_heads, s.head_dim)
+        if not rotate_in_place(qk, cos, sin):
+            qk = apply_rotary(qk, cos, sin)
         q, k = torch.split(qk, [s.num_heads, s.num_kv_heads], dim=1)
         v = v.reshape(-1, s.num_kv_heads, s.head_dim)
         o = paged_attention(q, k, v, cache, meta, scale=self.scale)

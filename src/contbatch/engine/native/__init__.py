@@ -11,9 +11,11 @@ decoder layer's elementwise steps fused, and matrix products against weights pac
   in place as well: its queries eight positions at a time, the tile's query heads of one KV head
   sharing one pass over the keys (torch's flash attention for the CPU takes its causal blocks at
   about 55-75 GFLOP/s here; this about 90-100).
-- `add_rms_norm`, `silu_mul` (`fused.c`): the residual add with the next RMSNorm, and the gated
-  MLP's silu(gate) * up, each one pass over the rows instead of torch's five to seven operations
-  (at a decode step's few rows, their dispatch is most of their cost).
+- `add_rms_norm`, `silu_mul`, `rotate_in_place` (`fused.c`): the residual add with the next
+  RMSNorm, the gated MLP's silu(gate) * up, and the rotary embedding of the q and k heads (in
+  place, in the projection's output), each one pass over the rows instead of torch's four to
+  seven operations (at a decode step's few rows, their dispatch is most of their cost; at a
+  prefill's thousands, their passes over memory and their temporaries).
 - `pack_panels`, `panel_product` (`gemm.c`): weights in 16-column panels and their product, the
   `panels` layout of `contbatch.engine.linear` where `panel_packing()` says it is the faster
   (AVX2 and FMA, no AVX-512).
@@ -91,6 +93,8 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     # x, delta, weight, y, rows, n, eps, num_threads
     "add_rms_norm": ([_PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT], None),
     "silu_mul": ([_PTR, _PTR, _I64, _I64, _INT], None),  # gate_up, out, rows, n, num_threads
+    # x, row_stride, cos, sin, trig_stride, rows, heads, d, num_threads
+    "rotate_in_place": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT], None),
     "gemm_preferred": ([], _INT),
     "pack_panels": ([_PTR, _I64, _I64, _PTR], None),  # w, N, K, packed
     # a, lda, packed, c, M, N, K, num_threads, argmax (NULL: none)
@@ -291,6 +295,27 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     out = gate_up.new_empty((rows, width))
     library.silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, width, torch.get_num_threads())
     return out
+
+
+def rotate_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Rotate x [T, heads, head_dim] in place by cos, sin [T, head_dim] (the rotate-half convention,
+    `contbatch.engine.rope.apply_rotary`'s bits) in one pass; False, x untouched, where the kernels
+    are off or the tensors are not what `fused.c` reads (float32 on the CPU; x's heads contiguous
+    and adjacent, its rows any distance apart; cos and sin rows of head_dim contiguous floats)."""
+    library = native_library()
+    if library is None or x.dim() != 3 or cos.shape != (x.shape[0], x.shape[2]) or sin.shape != cos.shape:
+        return False
+    head_dim = x.shape[2]
+    if head_dim % 2 or not _on_cpu(torch.float32, x, cos, sin, contiguous=False):
+        return False
+    if x.stride(2) != 1 or x.stride(1) != head_dim or cos.stride() != sin.stride() or cos.stride(1) != 1:
+        return False
+    rows, heads = x.shape[0], x.shape[1]
+    library.rotate_in_place(
+        x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), rows, heads, head_dim,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return True
 
 
 def panel_packing() -> bool:
