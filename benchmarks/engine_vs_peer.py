@@ -21,9 +21,10 @@ through OMP/MKL_NUM_THREADS):
   runs only the workloads whose requests fit a slot.
 - ``baseline`` (with ``--baseline REV``): the ``contbatch`` server as commit REV had it (its
   ``src`` exported by `git archive` into ``--work-dir`` and put first on the server's
-  PYTHONPATH), with the same flags but ``--contbatch-flags``' (the server's defaults): an engine
-  change measured against the code before it, side by side in one run (the peers' speed drifts
-  with the machine between runs).
+  PYTHONPATH), with the same flags but ``--contbatch-flags``': ``--baseline-flags`` (default
+  none: the server's defaults; give ``--contbatch-flags``' own to isolate the code's change): an
+  engine change measured against the code before it, side by side in one run (the peers' speed
+  drifts with the machine between runs).
 
 Workloads (each a trace file in ``--work-dir``, sent by `contbatch bench --trace`, in this
 process, plain OpenAI requests with temperature 0 to every server alike: transformers serve
@@ -195,7 +196,8 @@ class Setup:
     gguf: Path
     work: Path
     baseline_src: Path | None = None  # the baseline commit's exported src (--baseline)
-    contbatch_flags: tuple[str, ...] = ()  # the `contbatch` server's serving flags (not the baseline's)
+    contbatch_flags: tuple[str, ...] = ()  # the `contbatch` server's serving flags
+    baseline_flags: tuple[str, ...] = ()  # the `baseline` server's
 
 
 def kv_mib_for(kv_tokens: int, bytes_per_token: int) -> int:
@@ -239,7 +241,8 @@ def server_argv(name: str, setup: Setup, port: int) -> list[str]:
         return contbatch_argv("serve", "--backend", "engine", "--model", model, "--served-model-name", model,
                               "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", str(setup.kv_mib),
                               "--set", f"max_num_batched_tokens={setup.budget}",
-                              *(setup.contbatch_flags if name == "contbatch" else ()), port=port)  # fmt: skip
+                              *(setup.contbatch_flags if name == "contbatch" else setup.baseline_flags),
+                              port=port)  # fmt: skip
     if name == "transformers":
         return transformers_serve_argv(
             model,
@@ -475,6 +478,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contbatch-flags", default=CONTBATCH_FLAGS,
                         help=f"the contbatch server's serving flags (default {CONTBATCH_FLAGS!r})")  # fmt: skip
+    parser.add_argument("--baseline-flags", default="", help="the baseline server's serving flags (default none)")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_DIR / "build" / "bin" / "llama-server")
     parser.add_argument("--gguf", type=Path, default=LLAMA_DIR / "demo-f32.gguf")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/contbatch-engine-vs-peer"))
@@ -519,7 +523,8 @@ def run(argv: list[str] | None = None) -> int:
     kv_mib = kv_mib_for(args.kv_tokens, bytes_per_block(load_spec(str(model)), 1, torch.float32))
     baseline = export_baseline(args.baseline, args.work_dir) if args.baseline else None
     setup = Setup(model, args.kv_tokens, kv_mib, args.token_budget, args.threads, args.llama_server, args.gguf,
-                  args.work_dir, baseline, tuple(shlex.split(args.contbatch_flags)))  # fmt: skip
+                  args.work_dir, baseline, tuple(shlex.split(args.contbatch_flags)),
+                  tuple(shlex.split(args.baseline_flags)))  # fmt: skip
     items = workloads(args.quick)
     traces = write_traces(items, model, args.work_dir)
     names, notes = available(args, setup)
@@ -536,7 +541,8 @@ def run(argv: list[str] | None = None) -> int:
     summary = summarize_reps(items, reps)
     text = table(items, summary, notes)
     if args.baseline:
-        text += f"\nbaseline: the contbatch server of commit {args.baseline}, with the server's default flags"
+        flags = repr(args.baseline_flags) if args.baseline_flags else "the server's default flags"
+        text += f"\nbaseline: the contbatch server of commit {args.baseline}, with {flags}"
     print(text)
     document = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
