@@ -54,6 +54,10 @@ everything else on the machine used (``others``, most; this client's own left ou
 Prints the table and writes everything (configuration, every run, medians, ratios) to
 ``benchmarks/results/engine_vs_peer.json`` (``--json-out``). ``--quick``: 12/12/4 requests with
 shorter outputs and one repetition, a smoke test of about a minute (not a measurement).
+
+``--across RUN.json ...`` starts no server: it prints each target over those runs (each run's
+ratio of medians, how many runs met it, and the spread of the repetitions' pairs), the
+distribution that one run's medians hide on a shared machine, and writes it to ``--json-out``.
 """
 
 from __future__ import annotations
@@ -445,6 +449,38 @@ def summarize_reps(items: list[Workload], reps: list[dict[str, Any]]) -> dict[st
     return {"reps": len(reps), "medians": meds, "ratios": rats, "problems": problems}
 
 
+def across_runs(paths: list[Path]) -> tuple[str, dict[str, Any]]:
+    """Each target over several runs' JSON files (`--across`): the ratio of each run's medians
+    (what a run reports), how many runs met it, and the ratio of each repetition's pair (the
+    contbatch run and the peer's run of the same repetition), to show the spread behind them."""
+    docs = [json.loads(path.read_text()) for path in paths]
+    rows: list[dict[str, Any]] = []
+    named = {(t["workload"], t["peer"], t["metric"], t["bound"], t["kind"]) for d in docs for t in d["targets"]}
+    for workload, peer, metric, bound, kind in sorted(named):
+        per_run = [(d["ratios"].get(workload, {}).get(peer) or {}).get(metric) for d in docs]
+        pairs = [_pair_ratio(rep, workload, peer, metric) for d in docs for rep in d["runs"]]
+        met = [r for r in per_run if r is not None and (r >= bound if kind == "min" else r <= bound)]
+        rows.append({"workload": workload, "peer": peer, "metric": metric, "bound": bound, "kind": kind,
+                     "per_run": per_run, "met": len(met), "runs": sum(r is not None for r in per_run),
+                     "per_repetition": [p for p in pairs if p is not None]})  # fmt: skip
+    lines = [f"{len(docs)} runs: {', '.join(path.name for path in paths)}"]
+    for r in rows:
+        sign = ">=" if r["kind"] == "min" else "<="
+        runs = ", ".join(_num(v, ".2f") for v in r["per_run"])
+        reps = sorted(r["per_repetition"])
+        spread = f"{reps[0]:.2f}-{reps[-1]:.2f}, median {statistics.median(reps):.2f}" if reps else "-"
+        lines.append(f"{r['workload']}/{r['peer']} {r['metric']} (target {sign} {r['bound']:g}x): runs {runs}; "
+                     f"met in {r['met']} of {r['runs']}; {len(reps)} repetitions {spread}")  # fmt: skip
+    return "\n".join(lines), {"files": [str(p) for p in paths], "targets": rows}
+
+
+def _pair_ratio(rep: dict[str, Any], workload: str, peer: str, metric: str) -> float | None:
+    ours, theirs = (rep.get(s, {}).get(workload) for s in ("contbatch", peer))
+    if not isinstance(ours, dict) or not isinstance(theirs, dict) or not theirs.get(metric) or metric not in ours:
+        return None
+    return float(ours[metric] / theirs[metric])
+
+
 def problem(reps: list[dict[str, Any]], server: str, workload: str) -> str:
     """The first error of `server` on `workload` (a failed start, a skip, a failed request), or ''."""
     for rep in reps:
@@ -483,6 +519,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gguf", type=Path, default=LLAMA_DIR / "demo-f32.gguf")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/contbatch-engine-vs-peer"))
     parser.add_argument("--json-out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_vs_peer.json")
+    parser.add_argument("--across", type=Path, nargs="+", metavar="JSON",
+                        help="start no server: each target over these runs' JSON files (their spread)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.reps is None:
         args.reps = 1 if args.quick else 3
@@ -512,6 +550,13 @@ def available(args: argparse.Namespace, setup: Setup) -> tuple[list[str], dict[s
 
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.across:
+        text, document = across_runs(args.across)
+        print(text)
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"json: {args.json_out}")
+        return 0
     import torch
 
     from contbatch.engine.demo import ensure_demo_model

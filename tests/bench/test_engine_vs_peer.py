@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -124,3 +125,39 @@ def test_baseline_ratio_line_has_no_target(evp: ModuleType) -> None:
     text = evp.table(items, summary, {})
     assert "contbatch / baseline: tok/s 1.10x; p50 TTFT 0.80x" in text
     assert "transformers" not in text and "llama.cpp" not in text  # not asked for: no rows
+
+
+def test_baseline_flags(evp: ModuleType, tmp_path: Path) -> None:
+    """--baseline-flags gives the baseline server serving flags of its own (none by default)."""
+    setup = evp.Setup(Path("/m"), 32768, 192, 2048, 2, Path("/l"), Path("/g"), tmp_path, tmp_path,
+                      ("--gather-gap", "0.01"), ("--set", "queue_order=shortest"))  # fmt: skip
+    contbatch = evp.server_argv("contbatch", setup, 1)
+    assert "--gather-gap" in contbatch and "queue_order=shortest" not in contbatch
+    baseline = evp.server_argv("baseline", setup, 1)
+    assert "queue_order=shortest" in baseline and "--gather-gap" not in baseline
+    assert evp.parse_args(["--baseline", "HEAD", "--baseline-flags", "--gather-gap 0.01"]).baseline_flags
+
+
+def test_across_runs(evp: ModuleType, tmp_path: Path) -> None:
+    """Each target over several runs: each run's ratio, how many met it, the repetitions' pairs."""
+    items = evp.workloads(quick=False)[1:2]  # burst
+    runs = [
+        [{"contbatch": {"burst": _result(600, 1000, 50)}, "transformers": {"burst": _result(120, 5000, 250)}},
+         {"contbatch": {"burst": _result(700, 900, 50)}, "transformers": {"burst": _result(140, 6000, 250)}}],
+        [{"contbatch": {"burst": _result(500, 1200, 50)}, "transformers": {"burst": _result(125, 5000, 250)}}],
+    ]  # fmt: skip
+    paths = []
+    for i, reps in enumerate(runs):
+        summary = evp.summarize_reps(items, reps)
+        targets = [{"workload": "burst", "peer": "transformers", "metric": m, "bound": b, "kind": k}
+                   for m, b, k in evp.TARGETS[("burst", "transformers")]]  # fmt: skip
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps({"targets": targets, "runs": reps, **summary}))
+        paths.append(path)
+    text, doc = evp.across_runs(paths)
+    ttft = next(t for t in doc["targets"] if t["metric"] == "median_ttft_ms")
+    assert ttft["per_run"] == pytest.approx([950 / 5500, 1200 / 5000])  # medians of each run, then the ratio
+    assert (ttft["met"], ttft["runs"]) == (1, 2)
+    assert sorted(ttft["per_repetition"]) == pytest.approx([900 / 6000, 1000 / 5000, 1200 / 5000])
+    assert "burst/transformers median_ttft_ms (target <= 0.2x): runs 0.17, 0.24; met in 1 of 2" in text
+    assert "3 repetitions 0.15-0.24, median 0.20" in text
