@@ -252,6 +252,7 @@ def test_rotate_in_place_leaves_what_it_does_not_read_to_torch() -> None:
         (x.transpose(1, 2), cos, cos),  # heads not contiguous
         (x, cos[:3], cos[:3]),  # a row short
         (x, cos.t().contiguous().t(), cos.t().contiguous().t()),  # cos's rows strided
+        (x[:1].expand(4, 2, 8), cos, cos),  # rows that overlap
         (torch.randn(4, 2, 7), torch.randn(4, 7), torch.randn(4, 7)),  # an odd head_dim
     ):
         assert not rotate_in_place(*args)

@@ -301,16 +301,20 @@ def rotate_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bo
     """Rotate x [T, heads, head_dim] in place by cos, sin [T, head_dim] (the rotate-half convention,
     `contbatch.engine.rope.apply_rotary`'s bits) in one pass; False, x untouched, where the kernels
     are off or the tensors are not what `fused.c` reads (float32 on the CPU; x's heads contiguous
-    and adjacent, its rows any distance apart; cos and sin rows of head_dim contiguous floats)."""
+    and adjacent, its rows apart by at least a row; cos and sin rows of head_dim contiguous floats)."""
     library = native_library()
     if library is None or x.dim() != 3 or cos.shape != (x.shape[0], x.shape[2]) or sin.shape != cos.shape:
         return False
-    head_dim = x.shape[2]
-    if head_dim % 2 or not _on_cpu(torch.float32, x, cos, sin, contiguous=False):
+    rows, heads, head_dim = x.shape
+    laid_out = (
+        x.stride(2) == 1
+        and x.stride(1) == head_dim
+        and (rows <= 1 or x.stride(0) >= heads * head_dim)  # (rows that overlap would be rotated twice)
+        and cos.stride() == sin.stride()
+        and cos.stride(1) == 1
+    )
+    if head_dim % 2 or not laid_out or not _on_cpu(torch.float32, x, cos, sin, contiguous=False):
         return False
-    if x.stride(2) != 1 or x.stride(1) != head_dim or cos.stride() != sin.stride() or cos.stride(1) != 1:
-        return False
-    rows, heads = x.shape[0], x.shape[1]
     library.rotate_in_place(
         x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), rows, heads, head_dim,
         torch.get_num_threads(),
