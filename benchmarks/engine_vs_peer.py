@@ -387,9 +387,14 @@ def ratios(ours: dict[str, Any] | None, theirs: dict[str, Any] | None, workload:
     targets = []
     for key, bound, kind in TARGETS.get((workload, peer), []):
         value = values[key]
-        met = None if value is None else (value >= bound if kind == "min" else value <= bound)
+        met = None if value is None else meets(value, bound, kind)
         targets.append({"metric": key, "bound": bound, "kind": kind, "ratio": value, "met": met})
     return {**values, "targets": targets}
+
+
+def meets(ratio: float, bound: float, kind: str) -> bool:
+    """Whether `ratio` meets a target: at least `bound` ("min") or at most it ("max")."""
+    return ratio >= bound if kind == "min" else ratio <= bound
 
 
 def _num(value: float | None, fmt: str, scale: float = 1.0) -> str:
@@ -453,13 +458,13 @@ def across_runs(paths: list[Path]) -> tuple[str, dict[str, Any]]:
     """Each target over several runs' JSON files (`--across`): the ratio of each run's medians
     (what a run reports), how many runs met it, and the ratio of each repetition's pair (the
     contbatch run and the peer's run of the same repetition), to show the spread behind them."""
-    docs = [json.loads(path.read_text()) for path in paths]
+    docs = [_run_document(path) for path in paths]
     rows: list[dict[str, Any]] = []
     named = {(t["workload"], t["peer"], t["metric"], t["bound"], t["kind"]) for d in docs for t in d["targets"]}
     for workload, peer, metric, bound, kind in sorted(named):
         per_run = [(d["ratios"].get(workload, {}).get(peer) or {}).get(metric) for d in docs]
         pairs = [_pair_ratio(rep, workload, peer, metric) for d in docs for rep in d["runs"]]
-        met = [r for r in per_run if r is not None and (r >= bound if kind == "min" else r <= bound)]
+        met = [r for r in per_run if r is not None and meets(r, bound, kind)]
         rows.append({"workload": workload, "peer": peer, "metric": metric, "bound": bound, "kind": kind,
                      "per_run": per_run, "met": len(met), "runs": sum(r is not None for r in per_run),
                      "per_repetition": [p for p in pairs if p is not None]})  # fmt: skip
@@ -472,6 +477,17 @@ def across_runs(paths: list[Path]) -> tuple[str, dict[str, Any]]:
         lines.append(f"{r['workload']}/{r['peer']} {r['metric']} (target {sign} {r['bound']:g}x): runs {runs}; "
                      f"met in {r['met']} of {r['runs']}; {len(reps)} repetitions {spread}")  # fmt: skip
     return "\n".join(lines), {"files": [str(p) for p in paths], "targets": rows}
+
+
+def _run_document(path: Path) -> dict[str, Any]:
+    """A run's JSON (what a run of this script writes); SystemExit naming the file otherwise."""
+    try:
+        doc: dict[str, Any] = json.loads(path.read_text())
+        if all(isinstance(doc.get(key), want) for key, want in (("targets", list), ("ratios", dict), ("runs", list))):
+            return doc
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SystemExit(f"--across {path}: {exc}") from None
+    raise SystemExit(f"--across {path}: not a run of engine_vs_peer.py (no targets, ratios and runs)")
 
 
 def _pair_ratio(rep: dict[str, Any], workload: str, peer: str, metric: str) -> float | None:

@@ -161,3 +161,13 @@ def test_across_runs(evp: ModuleType, tmp_path: Path) -> None:
     assert sorted(ttft["per_repetition"]) == pytest.approx([900 / 6000, 1000 / 5000, 1200 / 5000])
     assert "burst/transformers median_ttft_ms (target <= 0.2x): runs 0.17, 0.24; met in 1 of 2" in text
     assert "3 repetitions 0.15-0.24, median 0.20" in text
+
+
+def test_across_runs_names_a_file_it_cannot_read(evp: ModuleType, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    for text in ("{not json", "[1, 2]", '{"targets": []}'):
+        bad.write_text(text)
+        with pytest.raises(SystemExit, match=r"--across .*bad\.json"):
+            evp.across_runs([bad])
+    with pytest.raises(SystemExit, match=r"--across .*missing\.json"):
+        evp.across_runs([tmp_path / "missing.json"])
