@@ -57,7 +57,8 @@ shorter outputs and one repetition, a smoke test of about a minute (not a measur
 
 ``--across RUN.json ...`` starts no server: it prints each target over those runs (each run's
 ratio of medians, how many runs met it, and the spread of the repetitions' pairs), the
-distribution that one run's medians hide on a shared machine, and writes it to ``--json-out``.
+distribution that one run's medians hide on a shared machine, and writes it to ``--json-out``
+(default ``benchmarks/results/engine_vs_peer_across.json``).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shar
 from baseline_src import export_src
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
 SERVERS = ("contbatch", "baseline", "transformers", "llama.cpp")
 PEERS = ("baseline", "transformers", "llama.cpp")
 PEER_BLOCK = 256  # transformers serve's KV block (its default page size)
@@ -534,10 +536,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--llama-server", type=Path, default=LLAMA_DIR / "build" / "bin" / "llama-server")
     parser.add_argument("--gguf", type=Path, default=LLAMA_DIR / "demo-f32.gguf")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/contbatch-engine-vs-peer"))
-    parser.add_argument("--json-out", type=Path, default=ROOT / "benchmarks" / "results" / "engine_vs_peer.json")
+    parser.add_argument("--json-out", type=Path, help=f"default {RESULTS / 'engine_vs_peer.json'} (--across: "
+                        f"{RESULTS / 'engine_vs_peer_across.json'})")  # fmt: skip
     parser.add_argument("--across", type=Path, nargs="+", metavar="JSON",
                         help="start no server: each target over these runs' JSON files (their spread)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.json_out is None:
+        args.json_out = RESULTS / ("engine_vs_peer_across.json" if args.across else "engine_vs_peer.json")
     if args.reps is None:
         args.reps = 1 if args.quick else 3
     names = [s.strip() for s in args.servers.split(",") if s.strip()]

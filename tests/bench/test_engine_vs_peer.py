@@ -29,6 +29,8 @@ def evp() -> ModuleType:
 
 def test_arguments(evp: ModuleType) -> None:
     args = evp.parse_args([])
+    assert args.json_out.name == "engine_vs_peer.json"
+    assert evp.parse_args(["--across", "a.json"]).json_out.name == "engine_vs_peer_across.json"  # not a run's
     assert args.reps == 3 and args.server_list == ["contbatch", "transformers", "llama.cpp"]
     assert evp.parse_args(["--quick"]).reps == 1
     assert evp.parse_args(["--quick", "--reps", "2", "--servers", "contbatch"]).reps == 2
