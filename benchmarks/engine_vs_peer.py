@@ -50,13 +50,18 @@ llama.cpp, output tokens/s at least 1x and p50 TTFT at most 1x on ``burst`` and 
 Beside each cell: the CPUs the server used during the run (least over the repetitions) and those
 everything else on the machine used (``others``, most; this client's own left out, from
 /proc/stat): above about 0.2, another job shared the cores and the cell measures that job too.
+Under a paced workload's rows: the tokens/s its arrivals allow any server (every planned output
+token by the last arrival, `arrival_ceiling`) and so the highest tokens/s ratio a server could
+reach against each peer in that run: the Poisson workload's last request arrives at 10.71 s, so
+its ratio against a peer is bounded by the peer's speed, whatever contbatch does.
 
 Prints the table and writes everything (configuration, every run, medians, ratios) to
 ``benchmarks/results/engine_vs_peer.json`` (``--json-out``). ``--quick``: 12/12/4 requests with
 shorter outputs and one repetition, a smoke test of about a minute (not a measurement).
 
 ``--across RUN.json ...`` starts no server: it prints each target over those runs (each run's
-ratio of medians, how many runs met it, and the spread of the repetitions' pairs), the
+ratio of medians, how many runs met it, the spread of the repetitions' pairs and, for a paced
+workload's tokens/s, the highest ratio its arrivals allowed in each run), the
 distribution that one run's medians hide on a shared machine, and writes it to ``--json-out``
 (default ``benchmarks/results/engine_vs_peer_across.json``).
 """
@@ -394,6 +399,29 @@ def ratios(ours: dict[str, Any] | None, theirs: dict[str, Any] | None, workload:
     return {**values, "targets": targets}
 
 
+def arrival_ceiling(arrivals_s: list[float], output_tokens: int) -> float | None:
+    """The output tokens/s no server can exceed on a paced workload: every request's planned output
+    over the time its last request arrives (a run lasts at least that long); None when every
+    request arrives at once. A throughput ratio against a peer is at most this over the peer's."""
+    last = max(arrivals_s, default=0.0)
+    return len(arrivals_s) * output_tokens / last if last > 0 else None
+
+
+def ceilings_of(workloads: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each paced workload's `arrival_ceiling`, from the workloads as a run's JSON lists them (an
+    all-at-once workload has its `same_as` workload's arrivals, which it ignores: None)."""
+    return {w["name"]: arrival_ceiling(w["arrivals_s"], w["output"]) if float(w["rate"]) != float("inf") else None
+            for w in workloads}  # fmt: skip
+
+
+def _ceiling_line(ceiling: float, medians: dict[str, Any]) -> str:
+    tok_s = {s: m["output_throughput"] for s, m in medians.items() if m and m.get("output_throughput")}
+    ours = f"; contbatch {tok_s['contbatch'] / ceiling:.0%} of it" if "contbatch" in tok_s else ""
+    peers = ", ".join(f"{ceiling / tok_s[p]:.2f}x {p}" for p in PEERS if p in tok_s)
+    most = f"; the most a ratio could be: {peers}" if peers else ""
+    return f"  the arrivals cap every server at {ceiling:.0f} out tok/s{ours}{most}"
+
+
 def meets(ratio: float, bound: float, kind: str) -> bool:
     """Whether `ratio` meets a target: at least `bound` ("min") or at most it ("max")."""
     return ratio >= bound if kind == "min" else ratio <= bound
@@ -433,6 +461,8 @@ def table(items: list[Workload], summary: dict[str, Any], notes: dict[str, str])
                 lines.append(f"{server:<14}{'-':>10}{'-':>12}{'-':>9}{'-':>8}{'-':>12}  {why}".rstrip())
                 continue
             lines.append(_row(server, m, w.requests))
+        if ceiling := summary.get("ceilings", {}).get(w.name):
+            lines.append(_ceiling_line(ceiling, summary["medians"][w.name]))
         for peer in PEERS:
             r = summary["ratios"][w.name].get(peer)
             if r is None:
@@ -449,11 +479,13 @@ def table(items: list[Workload], summary: dict[str, Any], notes: dict[str, str])
     return "\n".join(lines)
 
 
-def summarize_reps(items: list[Workload], reps: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize_reps(items: list[Workload], reps: list[dict[str, Any]],
+                   ceilings: dict[str, float | None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Medians, ratios and problems per workload; `ceilings` (`ceilings_of`) carried for the table."""
     meds = {w.name: {s: medians(reps, s, w.name) for s in SERVERS} for w in items}
     rats = {w.name: {p: ratios(meds[w.name]["contbatch"], meds[w.name][p], w.name, p) for p in PEERS} for w in items}
     problems = {w.name: {s: p for s in SERVERS if (p := problem(reps, s, w.name))} for w in items}
-    return {"reps": len(reps), "medians": meds, "ratios": rats, "problems": problems}
+    return {"reps": len(reps), "medians": meds, "ratios": rats, "problems": problems, "ceilings": ceilings or {}}
 
 
 def across_runs(paths: list[Path]) -> tuple[str, dict[str, Any]]:
@@ -469,7 +501,9 @@ def across_runs(paths: list[Path]) -> tuple[str, dict[str, Any]]:
         met = [r for r in per_run if r is not None and meets(r, bound, kind)]
         rows.append({"workload": workload, "peer": peer, "metric": metric, "bound": bound, "kind": kind,
                      "per_run": per_run, "met": len(met), "runs": sum(r is not None for r in per_run),
-                     "per_repetition": [p for p in pairs if p is not None]})  # fmt: skip
+                     "per_repetition": [p for p in pairs if p is not None],
+                     "per_run_ceiling": [_ceiling_ratio(d, workload, peer) for d in docs]
+                     if metric == "output_throughput" else []})  # fmt: skip
     lines = [f"{len(docs)} runs: {', '.join(path.name for path in paths)}"]
     for r in rows:
         sign = ">=" if r["kind"] == "min" else "<="
@@ -478,6 +512,10 @@ def across_runs(paths: list[Path]) -> tuple[str, dict[str, Any]]:
         spread = f"{reps[0]:.2f}-{reps[-1]:.2f}, median {statistics.median(reps):.2f}" if reps else "-"
         lines.append(f"{r['workload']}/{r['peer']} {r['metric']} (target {sign} {r['bound']:g}x): runs {runs}; "
                      f"met in {r['met']} of {r['runs']}; {len(reps)} repetitions {spread}")  # fmt: skip
+        if any(c is not None for c in r["per_run_ceiling"]):
+            caps = ", ".join(_num(c, ".2f") for c in r["per_run_ceiling"])
+            reachable = sum(c is not None and meets(c, r["bound"], r["kind"]) for c in r["per_run_ceiling"])
+            lines.append(f"  the most the arrivals allowed: runs {caps}; reachable in {reachable} of {r['runs']}")
     return "\n".join(lines), {"files": [str(p) for p in paths], "targets": rows}
 
 
@@ -490,6 +528,13 @@ def _run_document(path: Path) -> dict[str, Any]:
     except (OSError, ValueError, AttributeError) as exc:
         raise SystemExit(f"--across {path}: {exc}") from None
     raise SystemExit(f"--across {path}: not a run of engine_vs_peer.py (no targets, ratios and runs)")
+
+
+def _ceiling_ratio(doc: dict[str, Any], workload: str, peer: str) -> float | None:
+    """The highest tokens/s ratio the workload's arrivals allowed against `peer` in one run."""
+    ceiling = ceilings_of(doc.get("workloads", [])).get(workload)
+    theirs = (doc["medians"].get(workload, {}).get(peer) or {}).get("output_throughput") if "medians" in doc else None
+    return ceiling / theirs if ceiling and theirs else None
 
 
 def _pair_ratio(rep: dict[str, Any], workload: str, peer: str, metric: str) -> float | None:
@@ -604,7 +649,7 @@ def run(argv: list[str] | None = None) -> int:
         for name in order:
             print(f"rep {rep + 1}/{args.reps}: {name}", file=sys.stderr, flush=True)
             reps[-1][name] = one_server(name, setup, items, traces, args.quick)
-    summary = summarize_reps(items, reps)
+    summary = summarize_reps(items, reps, ceilings_of([{**w.__dict__, **traces[w.name]} for w in items]))
     text = table(items, summary, notes)
     if args.baseline:
         flags = repr(args.baseline_flags) if args.baseline_flags else "the server's default flags"

@@ -173,3 +173,33 @@ def test_across_runs_names_a_file_it_cannot_read(evp: ModuleType, tmp_path: Path
             evp.across_runs([bad])
     with pytest.raises(SystemExit, match=r"--across .*missing\.json"):
         evp.across_runs([tmp_path / "missing.json"])
+
+
+def test_arrival_ceiling(evp: ModuleType, tmp_path: Path) -> None:
+    """A paced workload caps every server's tokens/s at its planned output over its last arrival;
+    the table and --across say how far that lets a throughput ratio go."""
+    assert evp.arrival_ceiling([0.0, 1.0, 4.0], 100) == 75.0
+    assert evp.arrival_ceiling([0.0, 0.0], 100) is None
+    listed = [{"name": "poisson", "rate": "4.0", "output": 128, "arrivals_s": [0.0, 6.144]},
+              {"name": "burst", "rate": "inf", "output": 128, "arrivals_s": [0.0, 6.144]}]  # fmt: skip
+    ceilings = evp.ceilings_of(listed)
+    assert ceilings == {"poisson": pytest.approx(2 * 128 / 6.144), "burst": None}
+
+    items = evp.workloads(quick=False)[:2]
+    reps = [{"contbatch": {"poisson": _result(40, 200, 70), "burst": _result(460, 2000, 80)},
+             "transformers": {"poisson": _result(10, 1000, 200), "burst": _result(150, 8000, 250)}}]  # fmt: skip
+    summary = evp.summarize_reps(items, reps, ceilings)
+    text = evp.table(items, summary, {})
+    cap = "the arrivals cap every server at 42 out tok/s; contbatch 96% of it; the most a ratio could be: 4.17x"
+    assert cap in text
+    assert text.count("the arrivals cap") == 1  # not on the all-at-once workload
+
+    targets = [{"workload": w, "peer": "transformers", "metric": m, "bound": b, "kind": k}
+               for w in ("poisson", "burst") for m, b, k in evp.TARGETS[(w, "transformers")]]  # fmt: skip
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"targets": targets, "runs": reps, "workloads": listed, **summary}))
+    text, doc = evp.across_runs([path])
+    poisson = next(t for t in doc["targets"] if t["workload"] == "poisson" and t["metric"] == "output_throughput")
+    assert poisson["per_run_ceiling"] == [pytest.approx(41.67 / 10, rel=1e-3)]
+    assert "the most the arrivals allowed: runs 4.17; reachable in 1 of 1" in text
+    assert text.count("the most the arrivals allowed") == 1
