@@ -72,6 +72,9 @@ def kv_configs(
             preemption=st.sampled_from(["recompute", "swap"]),
             num_host_blocks=st.sampled_from([0, 50]),
             watermark=st.sampled_from(watermark),
+            # runs take the newest-victim rule's preemptions themselves, and stop at the others
+            victim=st.sampled_from(["newest", "newest", "lowest_priority", "fewest_generated"]),
+            max_preemptions=st.sampled_from([None, None, 1]),
         ),
     )
 
@@ -195,19 +198,38 @@ def test_decode_runs_admit_arrivals() -> None:
     assert len(calls) < skipped.num_steps / 20
 
 
-def test_decode_runs_stop_at_kv_pressure_and_resume() -> None:
-    """A pool too small for the load: runs end where someone must be preempted, the scheduler
-    preempts, runs resume; results equal stepping, preemptions included."""
+@pytest.mark.parametrize(
+    ("kv_fields", "runs_preempt"),
+    [
+        ({}, True),  # recompute, the newest the victim: the runs preempt
+        ({"preemption": "swap", "num_host_blocks": 60}, False),
+        ({"victim": "lowest_priority"}, False),
+        ({"max_preemptions": 2}, False),
+    ],
+)
+def test_decode_runs_under_kv_pressure(kv_fields: dict[str, object], runs_preempt: bool) -> None:
+    """A pool too small for the load. Under the newest-victim rule by recompute, runs take the
+    preemptions as events inside them (far fewer `schedule` calls than preemptions); under other
+    rules they end where someone must be preempted, the scheduler preempts, runs resume. Either
+    way: stepping's results, step records and totals, preemptions included."""
     trace = generate("tight", 120, poisson(20.0), fixed(64), uniform(40, 200), seed=5)
-    for preemption in ("recompute", "swap"):
-        kv = KVConfig(num_blocks=120, block_size=16, preemption=preemption, num_host_blocks=60)
-        config = SchedulerConfig(max_num_batched_tokens=512, kv=kv)
-        stepped = simulate(trace, ContinuousScheduler(config), COSTS["affine"], skip_ahead=False)
-        skipped = simulate(
-            trace, ContinuousScheduler(config), COSTS["affine"], inspect=lambda s, o, n: check_invariants(s)
-        )
-        assert stepped.scheduler_stats["num_preemptions"], "the pool was meant to be too small"
-        assert _fingerprint(skipped) == _fingerprint(stepped)
+    kv = KVConfig(num_blocks=120, block_size=16, **kv_fields)  # type: ignore[arg-type]
+    config = SchedulerConfig(max_num_batched_tokens=512, kv=kv)
+    stepped_log, skipped_log = StepLog(), StepLog()
+    stepped = simulate(trace, ContinuousScheduler(config), COSTS["affine"], skip_ahead=False, observers=[stepped_log])
+    scheduled: list[float] = []
+
+    def check(scheduler: object, out: object, now: float) -> None:
+        check_invariants(scheduler)  # type: ignore[arg-type]
+        scheduled.append(now)
+
+    skipped = simulate(trace, ContinuousScheduler(config), COSTS["affine"], inspect=check, observers=[skipped_log])
+    preemptions = stepped.scheduler_stats["num_preemptions"]
+    assert isinstance(preemptions, int) and preemptions > 20, "the pool was meant to be too small"
+    assert _fingerprint(skipped) == _fingerprint(stepped)
+    assert skipped_log.rows == stepped_log.rows
+    assert skipped.busy_time == stepped.busy_time and skipped.kv_usage_mean == stepped.kv_usage_mean
+    assert (len(scheduled) < preemptions / 4) == runs_preempt
 
 
 def test_decode_runs_cover_the_seed_semantics() -> None:
@@ -393,3 +415,19 @@ def test_runs_split_a_recomputed_request_as_the_scheduler_does() -> None:
         assert _fingerprint(skipped) == _fingerprint(stepped), trial
         recomputed += int(stepped.scheduler_stats["num_recomputed_tokens"] > 0)  # type: ignore[operator]
     assert recomputed > 10
+
+
+def test_a_recomputation_ends_with_a_decode_in_runs_too() -> None:
+    """A request preempted by recompute computes all it knew again, and its last known position
+    is a decode (it samples): a run's planned step counts it as stepping does (found by the
+    `thorough` Hypothesis profile)."""
+    outputs = {"r1": 11, "r5": 12, "r7": 11}
+    rows = [TraceRequest(f"r{i}", 0.0, 3 if i == 1 else 1, outputs.get(f"r{i}", 1)) for i in range(1, 24)]
+    trace = Trace("burst", (*rows, TraceRequest("r0", 0.01, 1, 7)), "s", "test")
+    config = SchedulerConfig(max_num_batched_tokens=8, kv=KVConfig(block_size=1, num_blocks=40))
+    stepped_log, skipped_log = StepLog(), StepLog()
+    stepped = simulate(trace, ContinuousScheduler(config), COSTS["unit"], skip_ahead=False, observers=[stepped_log])
+    skipped = simulate(trace, ContinuousScheduler(config), COSTS["unit"], observers=[skipped_log])
+    assert stepped.scheduler_stats["num_recompute_preemptions"] == 1
+    assert _fingerprint(skipped) == _fingerprint(stepped)
+    assert skipped_log.rows == stepped_log.rows

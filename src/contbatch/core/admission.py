@@ -61,9 +61,7 @@ class Admission(SchedulerBase):
         """Take `victim` out of the running set (its chunk this step is refunded); recompute or
         swap per the KV config; back to the queue now, or after admission when `requeue` is off."""
         step.unschedule(victim.request_id)
-        moved = self.memory.preempt(victim) if self.memory is not None else None
-        self.stats.paused_time += victim.resume(now)
-        victim.preempt(now, keep_computed=moved is not None)
+        moved = self.release_victim(victim, now)
         self.running.remove(victim)
         if requeue:
             self.waiting.push_front(victim)
@@ -72,6 +70,15 @@ class Admission(SchedulerBase):
         step.preempted_ids.append(victim.request_id)
         if moved is not None:
             step.swapped_out.append((victim.request_id, moved))
+
+    def release_victim(self, victim: Request, now: float) -> tuple[int, ...] | None:
+        """A preempted request's memory and state, as `_preempt` (and `FastForward.preempt`)
+        leave them: its device blocks released (those to swap out returned), its pause ended,
+        marked preempted at `now`. Leaves the running set and the queue to the caller."""
+        moved = self.memory.preempt(victim) if self.memory is not None else None
+        self.stats.paused_time += victim.resume(now)
+        victim.preempt(now, keep_computed=moved is not None)
+        return moved
 
     # -- the admission phase ------------------------------------------------------------------
     def _admit_waiting(self, step: StepBuilder, now: float) -> None:

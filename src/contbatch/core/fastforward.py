@@ -27,6 +27,11 @@ Invariants while one is open: the caller alone drives the scheduler until `close
 caller counts as owed are not taken from the pool until `hold` (at close), so the pool's
 free count minus the owed blocks is what every decision meanwhile must see; `close` leaves the
 scheduler exactly as the same steps taken one by one would have.
+
+A KV shortage is a decision the caller may take too when the scheduler's rule for it is plain
+(`preempts_newest`: recompute, the newest running request the victim, no preemption cap): in
+running order, each request that cannot grow preempts the newest running one (itself, when it is
+the newest) until it can, and that step admits nobody; `preempt` makes each such change.
 """
 
 from __future__ import annotations
@@ -131,6 +136,16 @@ class FastForward:
         self._kv = memory.kv if memory is not None else None
         self._memory = memory
         self._seats = s._max_seqs
+        # a running request that cannot grow preempts the newest running one (itself perhaps) by
+        # recompute: a decision the caller may take (`preempt`); other victim rules are the scheduler's
+        kv_config = memory.config if memory is not None else None
+        self.preempts_newest = (
+            kv_config is not None
+            and kv_config.preemption == "recompute"
+            and kv_config.victim == "newest"
+            and kv_config.max_preemptions is None
+        )
+        self._preempting_steps: list[int] = []  # the caller's steps (0-based) that preempted, in order
 
     # -- what the caller reads -----------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -216,6 +231,19 @@ class FastForward:
         self._s._finish(request, reason, now)
         return self.num_free_blocks()
 
+    def preempt(self, request: Request, now: float, step: int) -> int:
+        """Preempt running `request` by recompute at `now`, in the caller's `step` (0-based), as
+        the scheduler does when a running request cannot grow (`preempts_newest`): the blocks it
+        really holds are freed, it goes to the front of the queue. The pool's free blocks after."""
+        assert self.preempts_newest, "preempt: the scheduler decides this victim"
+        s = self._s
+        moved = s.release_victim(request, now)
+        assert moved is None, "preempt: recompute only"
+        s.waiting.push_front(request)
+        if not self._preempting_steps or self._preempting_steps[-1] != step:
+            self._preempting_steps.append(step)
+        return self.num_free_blocks()
+
     def hold(self, request: Request, num_tokens: int) -> bool:
         """Make running `request` hold blocks for `num_tokens` tokens from the pool (keeping those it
         held before; its `kv_capacity`, perhaps counted ahead, set from what it really holds)."""
@@ -234,11 +262,14 @@ class FastForward:
         """Hand the scheduler back after `num_steps` steps with `running` still running."""
         s = self._s
         memory = s.memory
-        if memory is not None:
-            for _ in range(num_steps):  # the estimate ratio's per-step decay, as stepping does it
-                if memory.ratio == memory.config.estimate_min_ratio:
-                    break
-                memory.end_step(preempted=False)
+        if memory is not None:  # the estimate ratio's per-step change, as stepping makes it
+            preempting = set(self._preempting_steps)
+            last = self._preempting_steps[-1] if preempting else -1
+            for i in range(num_steps):
+                preempted = i in preempting
+                if not preempted and i > last and memory.ratio == memory.config.estimate_min_ratio:
+                    break  # at its floor, with no bump to come: decays change nothing
+                memory.end_step(preempted=preempted)
         s.running = list(running)
         s._step_id += num_steps
         s.stats.num_bucket_padding_tokens += num_padding_tokens

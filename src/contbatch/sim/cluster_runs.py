@@ -11,9 +11,10 @@ committed when its last step ends, so requests a run finishes end at their step'
 whose members have all finished stays open, dormant, until a request is routed to it. A
 request routed to the replica meanwhile `cut`s the segment: the steps already over are taken,
 the one running stays planned, and at its end the request is admitted inside the run when it
-fits (`DecodeRun.plan_step`: a step planned whole, with its prefill chunks); when a step would
-need a decision the run does not take (a preemption), or nothing is left to run, the run closes
-and the scheduler decides again (stepping). While a run is open the scheduler's running set is
+fits (`DecodeRun.plan_step`: a step planned whole, with its prefill chunks, or the preemptions
+of a KV shortage); when a step would need a decision the run does not take (a victim rule other
+than the newest by recompute), or nothing is left to run, the run closes and the scheduler
+decides again (stepping). While a run is open the scheduler's running set is
 stale: what `/metrics` would show comes from the run (`scrape`).
 
 Equivalence: the same timelines, finish reasons, step counts and KV figures as stepping
@@ -126,7 +127,8 @@ class ReplicaRun:
         if room <= 0:
             return None
         self.start_ts = now
-        if run.needs_planning():
+        segment = None if run.needs_planning() else run.decode_segment(min(room, self.segment_steps))
+        if segment is None:  # admissions, a prefill chunk, or a member that cannot grow (a preemption)
             planned = run.plan_step(now)
             if planned is None:
                 return None
@@ -135,9 +137,6 @@ class ReplicaRun:
             self.num_running = run.num_running
             self._ends, self._used = [now + self.clock.pricer.step_time(planned.shape)], [planned.used]
             return self._ends[0]
-        segment = run.decode_segment(min(room, self.segment_steps))
-        if segment is None:
-            return None
         self._segment, self._admitting = segment, None
         self.num_running = run.num_running
         price = self.prices(segment.num_decodes, segment.num_padding)

@@ -13,15 +13,18 @@ decision taken meanwhile. While nothing waits and nobody is prefilling, steps co
 steady decodes (`decode_segment`); otherwise each step is planned whole (`plan_step`): the
 decodes, the prefilling member's next chunk (what the budget leaves), then the waiting requests in
 queue order, each admitted with its first chunk while it fits (a partial one becomes the
-prefilling member), as `schedule` would.
+prefilling member), as `schedule` would. A step in which a member cannot grow is planned whole
+too when the scheduler's rule for it is plain (`FastForward.preempts_newest`): the victims (the
+newest running requests, by recompute) leave the run with their tokens materialized and go to
+the front of the queue, to be admitted again inside the run (`_plan_preempting`).
 
 Equivalence (tested against step-by-step simulation on thousands of random traces and
 configurations, under every cost model): the steps a run takes give the same per-request
 timelines, finish reasons, step ids, counters, KV usage and per-step records as that many
 `schedule`/`update` calls. A run refuses a step (`decode_segment` / `plan_step` return None and
-change nothing) whenever it could involve a decision it does not take: a KV shortage (someone
-would be preempted), a waiting request whose KV is swapped out or arrives from elsewhere (the
-scheduler brings it in), an empty step.
+change nothing) whenever it could involve a decision it does not take: a KV shortage under
+another victim rule or by swap, a waiting request whose KV is swapped out or arrives from
+elsewhere (the scheduler brings it in), an empty step.
 
 Invariants while a run is open: each scheduler request is either a member, the prefilling
 member, or untouched; the scheduler's running set is stale (refreshed by `close`), so nothing else
@@ -110,10 +113,11 @@ class _Prefill:
 
 class _Planned:
     """A step `plan_step` planned: its shape, the KV blocks in use while it runs, the decoding
-    members' growth, the prefilling member's chunk and growth, and the waiting requests it admits
-    (each with its first chunk and first blocks), in queue order. Read only."""
+    members' growth, the prefilling member's chunk and growth, the waiting requests it admits
+    (each with its first chunk and first blocks), in queue order, and the running ones it
+    preempts, in the order the scheduler preempts them. Read only."""
 
-    __slots__ = ("admitted", "growth", "prefill_chunk", "prefill_growth", "shape", "used")
+    __slots__ = ("admitted", "growth", "prefill_chunk", "prefill_growth", "shape", "used", "victims")
 
     def __init__(  # noqa: PLR0917 (one positional call site, in field order)
         self,
@@ -123,6 +127,7 @@ class _Planned:
         prefill_chunk: ScheduledChunk | None,
         prefill_growth: int,
         admitted: list[tuple[Request, ScheduledChunk, int]],
+        victims: tuple[_Member | _Prefill, ...] = (),
     ) -> None:
         self.shape = shape
         self.used = used
@@ -130,6 +135,7 @@ class _Planned:
         self.prefill_chunk = prefill_chunk
         self.prefill_growth = prefill_growth
         self.admitted = admitted
+        self.victims = victims
 
 
 class DecodeRun:
@@ -144,6 +150,7 @@ class DecodeRun:
         self.stop_after = stop_after  # the executor's stop countdowns: decremented at close
         self.admits_arrivals = admits_arrivals and ff.admits_arrivals
         self.tracks_growth = ff.tracks_growth
+        self.preempts = ff.preempts_newest and ff.tracks_growth  # takes a KV shortage's preemptions
         self.block_size = ff.block_size
         self.members: list[_Member] = []
         self.finishing: list[tuple[int, int, _Member]] = []  # (last step, order, member): a heap
@@ -211,6 +218,7 @@ class DecodeRun:
             return None
         i = len(self.step_ts)
         end = i + max_steps
+        self._drop_preempted()
         if self.finishing:
             end = min(end, self.finishing[0][0] + 1)
         used = self._num_blocks - self._pool_free + self.owed
@@ -258,7 +266,7 @@ class DecodeRun:
         growth = self.phase[i % self.block_size] if self.tracks_growth else 0
         free = self._pool_free - self.owed - growth
         if free < 0:
-            return None  # a decoding member cannot grow: someone is preempted
+            return self._plan_preempting(i)  # a decoding member cannot grow: someone is preempted
         budget = ff.max_num_batched_tokens - n
         prefill_chunk, prefill_growth = None, 0
         pf = self.prefill
@@ -268,7 +276,7 @@ class DecodeRun:
                 return None
             prefill_growth = max(ff.blocks_for(prefill_chunk.start + prefill_chunk.num_new_tokens) - pf.blocks, 0)
             if prefill_growth > free:
-                return None
+                return self._plan_preempting(i)  # the prefilling member, the newest, yields
             free -= prefill_growth
             budget -= prefill_chunk.num_new_tokens
         admitted = self._admissions(now, budget, free) if ff.has_waiting() else []
@@ -276,15 +284,17 @@ class DecodeRun:
             return None
         chunks = [prefill_chunk] if prefill_chunk is not None else []
         chunks += [chunk for _, chunk, _ in admitted]
-        prefill = sum([c.num_new_tokens for c in chunks])
-        padding = ff.bucket_padding(n + prefill)
+        # a chunk that ends a recomputation (its last known position) is a decode, not a prefill
+        tokens = sum([c.num_new_tokens for c in chunks])
+        prefill = sum([c.num_new_tokens for c in chunks if c.is_prefill])
+        padding = ff.bucket_padding(n + tokens)
         context = self.context_base + n * (i + 1) + sum([c.start + c.num_new_tokens for c in chunks])
         shape = SchedulerOutput(
             self.first_step_id + i,
             tuple(chunks),
-            prefill + n,
+            tokens + n,
             prefill,
-            n,
+            tokens - prefill + n,
             context,
             padding,
             num_requests=len(chunks) + n,
@@ -293,6 +303,79 @@ class DecodeRun:
         taken = growth + prefill_growth + sum([blocks for _, _, blocks in admitted])
         used = self._num_blocks - self._pool_free + self.owed + taken
         return _Planned(shape, used, growth, prefill_chunk, prefill_growth, admitted)
+
+    def _plan_preempting(self, i: int) -> _Planned | None:
+        """Step i when the pool cannot give what the running requests ask for, as the scheduler
+        takes it (`FastForward.preempts_newest`): in running order each decoding member that grows
+        at step i, then the prefilling member's chunk, takes its blocks, and one the pool cannot
+        serve preempts the newest running request (itself, when it is the newest) until it can;
+        the step admits nobody. None when the run does not take that decision, or when nothing
+        would be left to run (the scheduler takes that step)."""
+        if not self.preempts:
+            return None
+        order = [m for m in self.members if not m.done]  # running order; the prefilling one after
+        pf = self.prefill
+        pf_running = pf is not None
+        victims: list[_Member | _Prefill] = []
+        free = self._pool_free - self.owed
+        freed = growth = 0
+        newest = len(order)  # order[newest:] are victims
+        for k, m in enumerate(order):
+            if k >= newest:
+                break
+            if not (m.grows_from <= i and (i - m.grows_from) % self.block_size == 0):
+                continue
+            yielded = False
+            while free == 0 and not yielded:
+                victim: _Member | _Prefill
+                if pf is not None and pf_running:
+                    victim, blocks, pf_running = pf, pf.blocks, False
+                else:
+                    newest -= 1
+                    victim = order[newest]
+                    blocks = victim.request.kv_capacity // self.block_size + self._grown(victim, i)
+                    yielded = victim is m
+                victims.append(victim)
+                free += blocks
+                freed += blocks
+            if not yielded:
+                free -= 1
+                growth += 1
+        if pf is not None and pf_running:
+            n = self.num_decoding - len(victims)
+            chunk = self.ff.plan(pf.request, self.ff.max_num_batched_tokens - n)
+            if chunk is None or self.ff.blocks_for(chunk.start + chunk.num_new_tokens) - pf.blocks <= free:
+                return None  # (no shortage after all: not a step this plans)
+            victims.append(pf)
+            freed += pf.blocks
+        return self._preempting_step(i, victims, growth, freed)
+
+    def _grown(self, m: _Member, i: int) -> int:
+        """Blocks decoding member `m` grew into in the run's first `i` steps."""
+        return m.owed_after(i, self.block_size) - m.owed_at_join
+
+    def _preempting_step(self, i: int, victims: list[_Member | _Prefill], growth: int, freed: int) -> _Planned | None:
+        """The planned step i that preempts `victims` (`freed` blocks) and decodes the rest (their
+        `growth` taken); None when nothing is left to decode."""
+        decoding_victims = [v for v in victims if isinstance(v, _Member)]
+        n = self.num_decoding - len(decoding_victims)
+        if n == 0:
+            return None
+        context = self.context_base - sum([v.base - v.first for v in decoding_victims]) + n * (i + 1)
+        shape = SchedulerOutput(
+            self.first_step_id + i,
+            (),
+            n,
+            0,
+            n,
+            context,
+            self.ff.bucket_padding(n),
+            preempted_ids=tuple([v.request.request_id for v in victims]),
+            num_requests=n,
+            num_omitted_decodes=n,
+        )
+        used = self._num_blocks - self._pool_free + self.owed - freed + growth
+        return _Planned(shape, used, growth, None, 0, [], tuple(victims))
 
     def _admissions(self, now: float, budget: int, free: int) -> list[tuple[Request, ScheduledChunk, int]] | None:
         """The waiting requests admitted with `budget` tokens and `free` blocks left, in queue
@@ -346,6 +429,8 @@ class DecodeRun:
         """Start the step `plan_step` planned, at `now`: its admissions happen, its blocks are
         counted. Followed by `commit`."""
         assert self._taken is None, "take twice without commit"
+        for victim in planned.victims:
+            self._preempt(victim, now)
         for request, _, blocks in planned.admitted:
             self.ff.admit(request, now, blocks)
             self.owed += blocks
@@ -388,13 +473,35 @@ class DecodeRun:
         else:
             self._join(r, i + 1, known, r.num_output_tokens, pf.owed)
 
+    def _preempt(self, victim: _Member | _Prefill, now: float) -> None:
+        """Preempt `victim` at the start of the next step (at `now`): a member's tokens so far
+        materialized, its counted blocks released, the request to the queue (`FastForward.preempt`)."""
+        i = len(self.step_ts)
+        if isinstance(victim, _Prefill):
+            self.prefill = None
+            self.owed -= victim.owed
+        else:
+            self._stop_decoding(victim)
+            self._materialize(victim, i)
+            victim.done = True  # its `finishing` entry is dropped when it comes up
+            self.num_alive -= 1
+        self._pool_free = self.ff.preempt(victim.request, now, i)
+
+    def _drop_preempted(self) -> None:
+        heap = self.finishing
+        while heap and heap[0][2].done:
+            heapq.heappop(heap)
+
     def _finish_due(self, step: int) -> None:
         """Finish the members whose last token came at `step` (just taken)."""
         heap = self.finishing
+        self._drop_preempted()
         while heap and heap[0][0] == step:
             member = heapq.heappop(heap)[2]
-            self._stop_decoding(member)
-            self._finish(member, step + 1)
+            if not member.done:
+                self._stop_decoding(member)
+                self._finish(member, step + 1)
+            self._drop_preempted()
 
     def _finish(self, m: _Member, num_steps: int) -> None:
         self._materialize(m, num_steps)

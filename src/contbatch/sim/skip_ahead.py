@@ -172,8 +172,8 @@ class _RunDriver:
     def _segment(self) -> bool:
         limit = self.run_steps - self.taken
         segment = self.run.decode_segment(_segment_steps(self.next_arrival, self.clock.ts, self.duration, limit))
-        if segment is None:
-            return False
+        if segment is None:  # a member cannot grow (a step planned whole preempts) or none is left
+            return self._planned_step()
         n, context, padding = segment.num_decodes, segment.first_context, segment.num_padding
         price = self.pricers.for_decodes(n, padding)
         first_id = self.run.first_step_id + self.taken
