@@ -72,7 +72,7 @@ def kv_configs(
             preemption=st.sampled_from(["recompute", "swap"]),
             num_host_blocks=st.sampled_from([0, 50]),
             watermark=st.sampled_from(watermark),
-            # runs take the newest-victim rule's preemptions themselves, and stop at the others
+            # runs take preemptions by recompute themselves (every victim rule), and stop at swaps
             victim=st.sampled_from(["newest", "newest", "lowest_priority", "fewest_generated"]),
             max_preemptions=st.sampled_from([None, None, 1]),
         ),
@@ -201,18 +201,20 @@ def test_decode_runs_admit_arrivals() -> None:
 @pytest.mark.parametrize(
     ("kv_fields", "runs_preempt"),
     [
-        ({}, True),  # recompute, the newest the victim: the runs preempt
-        ({"preemption": "swap", "num_host_blocks": 60}, False),
-        ({"victim": "lowest_priority"}, False),
-        ({"max_preemptions": 2}, False),
+        ({}, True),  # by recompute, whatever the victim rule: the runs preempt
+        ({"victim": "lowest_priority"}, True),
+        ({"victim": "fewest_generated", "max_preemptions": 2}, True),
+        ({"preemption": "swap", "num_host_blocks": 60}, False),  # the scheduler swaps
     ],
 )
 def test_decode_runs_under_kv_pressure(kv_fields: dict[str, object], runs_preempt: bool) -> None:
-    """A pool too small for the load. Under the newest-victim rule by recompute, runs take the
-    preemptions as events inside them (far fewer `schedule` calls than preemptions); under other
-    rules they end where someone must be preempted, the scheduler preempts, runs resume. Either
-    way: stepping's results, step records and totals, preemptions included."""
-    trace = generate("tight", 120, poisson(20.0), fixed(64), uniform(40, 200), seed=5)
+    """A pool too small for the load. By recompute, runs take the preemptions as events inside
+    them (far fewer `schedule` calls than preemptions), whatever the victim rule; by swap they end
+    where someone must be preempted, the scheduler preempts, runs resume. Either way: stepping's
+    results, step records and totals, preemptions included."""
+    rng = random.Random(5)
+    rows = generate("tight", 120, poisson(20.0), fixed(64), uniform(40, 200), seed=5).requests
+    trace = Trace("tight", tuple(dataclasses.replace(r, priority=rng.randint(0, 3)) for r in rows), "s", "test")
     kv = KVConfig(num_blocks=120, block_size=16, **kv_fields)  # type: ignore[arg-type]
     config = SchedulerConfig(max_num_batched_tokens=512, kv=kv)
     stepped_log, skipped_log = StepLog(), StepLog()

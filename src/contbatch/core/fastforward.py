@@ -28,10 +28,10 @@ caller counts as owed are not taken from the pool until `hold` (at close), so th
 free count minus the owed blocks is what every decision meanwhile must see; `close` leaves the
 scheduler exactly as the same steps taken one by one would have.
 
-A KV shortage is a decision the caller may take too when the scheduler's rule for it is plain
-(`preempts_newest`: recompute, the newest running request the victim, no preemption cap): in
-running order, each request that cannot grow preempts the newest running one (itself, when it is
-the newest) until it can, and that step admits nobody; `preempt` makes each such change.
+A KV shortage is a decision the caller may take too when preemption is by recompute
+(`takes_preemptions`): in running order, each request that cannot grow preempts the victim the
+KV config's rule picks among the running requests (`victim_index`; itself, perhaps) until it
+can, and that step admits nobody; `preempt` makes each such change.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from contbatch.core.outputs import ScheduledChunk
 from contbatch.core.request import Request
 from contbatch.core.status import FinishReason
+from contbatch.core.victims import victim_index
 
 if TYPE_CHECKING:
     from contbatch.core.scheduler import ContinuousScheduler
@@ -136,15 +137,10 @@ class FastForward:
         self._kv = memory.kv if memory is not None else None
         self._memory = memory
         self._seats = s._max_seqs
-        # a running request that cannot grow preempts the newest running one (itself perhaps) by
-        # recompute: a decision the caller may take (`preempt`); other victim rules are the scheduler's
-        kv_config = memory.config if memory is not None else None
-        self.preempts_newest = (
-            kv_config is not None
-            and kv_config.preemption == "recompute"
-            and kv_config.victim == "newest"
-            and kv_config.max_preemptions is None
-        )
+        # a running request that cannot grow preempts a victim (`victim_index`) by recompute: a
+        # decision the caller may take (`preempt`); a swap is the scheduler's to make
+        self._kv_config = kv_config = memory.config if memory is not None else None
+        self.takes_preemptions = kv_config is not None and kv_config.preemption == "recompute"
         self._preempting_steps: list[int] = []  # the caller's steps (0-based) that preempted, in order
 
     # -- what the caller reads -----------------------------------------------------------------
@@ -231,11 +227,20 @@ class FastForward:
         self._s._finish(request, reason, now)
         return self.num_free_blocks()
 
+    def victim_index(self, running: Sequence[Request], generated: Sequence[int]) -> int:
+        """The index in `running` (running order, none admitted in this step) of the request the
+        scheduler preempts when one of them cannot grow (`contbatch.core.victims` under the KV
+        config), `generated[i]` being the tokens `running[i]` has generated (the caller's count:
+        a request's own may lag behind the caller's steps)."""
+        config = self._kv_config
+        assert config is not None, "victim_index: no KV limit, no victim"
+        return victim_index(running, config.victim, config.max_preemptions, generated)
+
     def preempt(self, request: Request, now: float, step: int) -> int:
         """Preempt running `request` by recompute at `now`, in the caller's `step` (0-based), as
-        the scheduler does when a running request cannot grow (`preempts_newest`): the blocks it
-        really holds are freed, it goes to the front of the queue. The pool's free blocks after."""
-        assert self.preempts_newest, "preempt: the scheduler decides this victim"
+        the scheduler does when a running request cannot grow (`takes_preemptions`): the blocks
+        it really holds are freed, it goes to the front of the queue. The pool's free blocks after."""
+        assert self.takes_preemptions, "preempt: the scheduler decides a swap"
         s = self._s
         moved = s.release_victim(request, now)
         assert moved is None, "preempt: recompute only"

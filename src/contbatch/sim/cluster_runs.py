@@ -12,9 +12,8 @@ whose members have all finished stays open, dormant, until a request is routed t
 request routed to the replica meanwhile `cut`s the segment: the steps already over are taken,
 the one running stays planned, and at its end the request is admitted inside the run when it
 fits (`DecodeRun.plan_step`: a step planned whole, with its prefill chunks, or the preemptions
-of a KV shortage); when a step would need a decision the run does not take (a victim rule other
-than the newest by recompute), or nothing is left to run, the run closes and the scheduler
-decides again (stepping). While a run is open the scheduler's running set is
+of a KV shortage by recompute); when a step would need a decision the run does not take (a
+swap), or nothing is left to run, the run closes and the scheduler decides again (stepping). While a run is open the scheduler's running set is
 stale: what `/metrics` would show comes from the run (`scrape`).
 
 Equivalence: the same timelines, finish reasons, step counts and KV figures as stepping

@@ -13,18 +13,18 @@ decision taken meanwhile. While nothing waits and nobody is prefilling, steps co
 steady decodes (`decode_segment`); otherwise each step is planned whole (`plan_step`): the
 decodes, the prefilling member's next chunk (what the budget leaves), then the waiting requests in
 queue order, each admitted with its first chunk while it fits (a partial one becomes the
-prefilling member), as `schedule` would. A step in which a member cannot grow is planned whole
-too when the scheduler's rule for it is plain (`FastForward.preempts_newest`): the victims (the
-newest running requests, by recompute) leave the run with their tokens materialized and go to
+prefilling member), as `schedule` would. A step in which a running request cannot grow is
+planned whole too when preemption is by recompute (`FastForward.takes_preemptions`): the victims
+the KV config's rule picks (`_Shortage`) leave the run with their tokens materialized and go to
 the front of the queue, to be admitted again inside the run (`_plan_preempting`).
 
 Equivalence (tested against step-by-step simulation on thousands of random traces and
 configurations, under every cost model): the steps a run takes give the same per-request
 timelines, finish reasons, step ids, counters, KV usage and per-step records as that many
 `schedule`/`update` calls. A run refuses a step (`decode_segment` / `plan_step` return None and
-change nothing) whenever it could involve a decision it does not take: a KV shortage under
-another victim rule or by swap, a waiting request whose KV is swapped out or arrives from
-elsewhere (the scheduler brings it in), an empty step.
+change nothing) whenever it could involve a decision it does not take: a KV shortage when
+preemption is by swap, a waiting request whose KV is swapped out or arrives from elsewhere (the
+scheduler brings it in), an empty step.
 
 Invariants while a run is open: each scheduler request is either a member, the prefilling
 member, or untouched; the scheduler's running set is stale (refreshed by `close`), so nothing else
@@ -150,7 +150,7 @@ class DecodeRun:
         self.stop_after = stop_after  # the executor's stop countdowns: decremented at close
         self.admits_arrivals = admits_arrivals and ff.admits_arrivals
         self.tracks_growth = ff.tracks_growth
-        self.preempts = ff.preempts_newest and ff.tracks_growth  # takes a KV shortage's preemptions
+        self.preempts = ff.takes_preemptions and ff.tracks_growth  # takes a KV shortage's preemptions
         self.block_size = ff.block_size
         self.members: list[_Member] = []
         self.finishing: list[tuple[int, int, _Member]] = []  # (last step, order, member): a heap
@@ -284,98 +284,55 @@ class DecodeRun:
             return None
         chunks = [prefill_chunk] if prefill_chunk is not None else []
         chunks += [chunk for _, chunk, _ in admitted]
-        # a chunk that ends a recomputation (its last known position) is a decode, not a prefill
-        tokens = sum([c.num_new_tokens for c in chunks])
-        prefill = sum([c.num_new_tokens for c in chunks if c.is_prefill])
-        padding = ff.bucket_padding(n + tokens)
-        context = self.context_base + n * (i + 1) + sum([c.start + c.num_new_tokens for c in chunks])
-        shape = SchedulerOutput(
-            self.first_step_id + i,
-            tuple(chunks),
-            tokens + n,
-            prefill,
-            tokens - prefill + n,
-            context,
-            padding,
-            num_requests=len(chunks) + n,
-            num_omitted_decodes=n,
-        )
+        shape = self._step_shape(i, n, self.context_base, chunks)
         taken = growth + prefill_growth + sum([blocks for _, _, blocks in admitted])
         used = self._num_blocks - self._pool_free + self.owed + taken
         return _Planned(shape, used, growth, prefill_chunk, prefill_growth, admitted)
 
     def _plan_preempting(self, i: int) -> _Planned | None:
         """Step i when the pool cannot give what the running requests ask for, as the scheduler
-        takes it (`FastForward.preempts_newest`): in running order each decoding member that grows
-        at step i, then the prefilling member's chunk, takes its blocks, and one the pool cannot
-        serve preempts the newest running request (itself, when it is the newest) until it can;
-        the step admits nobody. None when the run does not take that decision, or when nothing
-        would be left to run (the scheduler takes that step)."""
+        takes it (`FastForward.takes_preemptions`; `_Shortage`); the step admits nobody. None
+        when the run does not take that decision, or when nothing would be left to run (the
+        scheduler takes that step)."""
         if not self.preempts:
             return None
-        order = [m for m in self.members if not m.done]  # running order; the prefilling one after
-        pf = self.prefill
-        pf_running = pf is not None
-        victims: list[_Member | _Prefill] = []
-        free = self._pool_free - self.owed
-        freed = growth = 0
-        newest = len(order)  # order[newest:] are victims
-        for k, m in enumerate(order):
-            if k >= newest:
-                break
-            if not (m.grows_from <= i and (i - m.grows_from) % self.block_size == 0):
-                continue
-            yielded = False
-            while free == 0 and not yielded:
-                victim: _Member | _Prefill
-                if pf is not None and pf_running:
-                    victim, blocks, pf_running = pf, pf.blocks, False
-                else:
-                    newest -= 1
-                    victim = order[newest]
-                    blocks = victim.request.kv_capacity // self.block_size + self._grown(victim, i)
-                    yielded = victim is m
-                victims.append(victim)
-                free += blocks
-                freed += blocks
-            if not yielded:
-                free -= 1
-                growth += 1
-        if pf is not None and pf_running:
-            n = self.num_decoding - len(victims)
-            chunk = self.ff.plan(pf.request, self.ff.max_num_batched_tokens - n)
-            if chunk is None or self.ff.blocks_for(chunk.start + chunk.num_new_tokens) - pf.blocks <= free:
-                return None  # (no shortage after all: not a step this plans)
-            victims.append(pf)
-            freed += pf.blocks
-        return self._preempting_step(i, victims, growth, freed)
-
-    def _grown(self, m: _Member, i: int) -> int:
-        """Blocks decoding member `m` grew into in the run's first `i` steps."""
-        return m.owed_after(i, self.block_size) - m.owed_at_join
-
-    def _preempting_step(self, i: int, victims: list[_Member | _Prefill], growth: int, freed: int) -> _Planned | None:
-        """The planned step i that preempts `victims` (`freed` blocks) and decodes the rest (their
-        `growth` taken); None when nothing is left to decode."""
+        shortage = _Shortage(self, i)
+        chunk, chunk_growth = shortage.decide()
+        if not shortage.victims:
+            return None  # (no shortage after all: not a step this plans)
+        victims = shortage.victims
         decoding_victims = [v for v in victims if isinstance(v, _Member)]
         n = self.num_decoding - len(decoding_victims)
-        if n == 0:
+        chunks = [chunk] if chunk is not None else []
+        if n == 0 and not chunks:
             return None
-        context = self.context_base - sum([v.base - v.first for v in decoding_victims]) + n * (i + 1)
-        shape = SchedulerOutput(
+        context_base = self.context_base - sum([v.base - v.first for v in decoding_victims])
+        ids = tuple([v.request.request_id for v in victims])
+        shape = self._step_shape(i, n, context_base, chunks, ids)
+        used = self._num_blocks - self._pool_free + self.owed - shortage.freed + shortage.growth + chunk_growth
+        return _Planned(shape, used, shortage.growth, chunk, chunk_growth, [], tuple(victims))
+
+    def _step_shape(
+        self, i: int, n: int, context_base: int, chunks: list[ScheduledChunk], preempted_ids: tuple[str, ...] = ()
+    ) -> SchedulerOutput:
+        """Step i's shape: `n` decoding members (their `context_base`, as `self.context_base`)
+        and `chunks` (the prefilling member's, then the admitted ones')."""
+        # a chunk that ends a recomputation (its last known position) is a decode, not a prefill
+        tokens = sum([c.num_new_tokens for c in chunks])
+        prefill = sum([c.num_new_tokens for c in chunks if c.is_prefill])
+        context = context_base + n * (i + 1) + sum([c.start + c.num_new_tokens for c in chunks])
+        return SchedulerOutput(
             self.first_step_id + i,
-            (),
-            n,
-            0,
-            n,
+            tuple(chunks),
+            tokens + n,
+            prefill,
+            tokens - prefill + n,
             context,
-            self.ff.bucket_padding(n),
-            preempted_ids=tuple([v.request.request_id for v in victims]),
-            num_requests=n,
+            self.ff.bucket_padding(n + tokens),
+            preempted_ids=preempted_ids,
+            num_requests=len(chunks) + n,
             num_omitted_decodes=n,
         )
-        used = self._num_blocks - self._pool_free + self.owed - freed + growth
-        return _Planned(shape, used, growth, None, 0, [], tuple(victims))
 
     def _admissions(self, now: float, budget: int, free: int) -> list[tuple[Request, ScheduledChunk, int]] | None:
         """The waiting requests admitted with `budget` tokens and `free` blocks left, in queue
@@ -553,6 +510,90 @@ class DecodeRun:
         allocation, or what it has computed when that is more."""
         computed = r.num_computed_tokens
         return max(self.ff.first_hold(r, min(computed, r.num_prompt_tokens)), computed)
+
+
+class _Shortage:
+    """Step i of a run when the pool cannot give what the running requests ask for, decided as
+    the scheduler decides it: in running order each decoding member that grows at step i takes a
+    block, then the prefilling member takes its chunk's blocks (within the budget the surviving
+    decodes leave), and one the pool cannot serve preempts the victim the KV config's rule picks
+    among the running requests not yet preempted (`FastForward.victim_index`; itself, perhaps)
+    until it can. Changes nothing: `decide` fills `victims` (in the order preempted), `freed`
+    (the blocks they held before this step) and `growth` (the blocks the surviving decoding
+    members grow into); the run applies them (`DecodeRun.take`)."""
+
+    def __init__(self, run: DecodeRun, i: int) -> None:
+        self.run = run
+        self.i = i
+        alive: list[_Member | _Prefill] = [m for m in run.members if not m.done]  # running order
+        self.running = [*alive, run.prefill] if run.prefill is not None else alive
+        self.is_victim = [False] * len(self.running)
+        self.grew = [False] * len(self.running)  # took a block in this step
+        self.victims: list[_Member | _Prefill] = []
+        self.free = run._pool_free - run.owed
+        self.freed = 0
+        self.growth = 0
+
+    def decide(self) -> tuple[ScheduledChunk | None, int]:
+        """Decide the step; the prefilling member's chunk and the blocks it grows into (None, 0
+        when it has none or is preempted)."""
+        run, i = self.run, self.i
+        bs = run.block_size
+        for k, m in enumerate(self.running):
+            if isinstance(m, _Prefill):
+                return self._prefill_chunk(k, m)
+            if self.is_victim[k] or not (m.grows_from <= i and (i - m.grows_from) % bs == 0):
+                continue
+            if self._take(k, 1):
+                self.grew[k] = True
+                self.growth += 1
+        return None, 0
+
+    def _prefill_chunk(self, k: int, pf: _Prefill) -> tuple[ScheduledChunk | None, int]:
+        if self.is_victim[k]:
+            return None, 0
+        decoding = sum([not v for v in self.is_victim[:k]])
+        ff = self.run.ff
+        chunk = ff.plan(pf.request, ff.max_num_batched_tokens - decoding)
+        if chunk is None:
+            return None, 0
+        need = max(ff.blocks_for(chunk.start + chunk.num_new_tokens) - pf.blocks, 0)
+        return (chunk, need) if self._take(k, need) else (None, 0)
+
+    def _take(self, k: int, blocks: int) -> bool:
+        """Running request k takes `blocks`, preempting victims while the pool is short; False
+        when it is preempted itself."""
+        while blocks > self.free:
+            if self._preempt_one() == k:
+                return False
+        self.free -= blocks
+        return True
+
+    def _preempt_one(self) -> int:
+        """Preempt the victim among the running requests not yet preempted; its index."""
+        candidates = [j for j, v in enumerate(self.is_victim) if not v]
+        requests = [self.running[j].request for j in candidates]
+        j = candidates[self.run.ff.victim_index(requests, [self._generated(self.running[j]) for j in candidates])]
+        victim = self.running[j]
+        self.is_victim[j] = True
+        self.victims.append(victim)
+        held = victim.blocks if isinstance(victim, _Prefill) else self._held(victim)
+        self.freed += held
+        self.free += held + self.grew[j]
+        if self.grew[j]:
+            self.growth -= 1
+        return j
+
+    def _held(self, m: _Member) -> int:
+        """Blocks decoding member `m` holds (counted) before step i."""
+        return m.request.kv_capacity // self.run.block_size + m.owed_after(self.i, self.run.block_size) - m.owed_at_join
+
+    def _generated(self, x: _Member | _Prefill) -> int:
+        """Tokens `x` has generated before step i (a member's request counts those before it
+        joined; the run's steps since add one each)."""
+        if isinstance(x, _Prefill):
+            return x.request.num_output_tokens
+        return x.request.num_output_tokens + self.i - x.first
 
 
 def open_run(ff: FastForward, stop_after: MutableMapping[str, int], *, admits_arrivals: bool) -> DecodeRun:
