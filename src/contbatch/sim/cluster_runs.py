@@ -13,8 +13,9 @@ request routed to the replica meanwhile `cut`s the segment: the steps already ov
 the one running stays planned, and at its end the request is admitted inside the run when it
 fits (`DecodeRun.plan_step`: a step planned whole, with its prefill chunks, or the preemptions
 of a KV shortage by recompute); when a step would need a decision the run does not take (a
-swap), or nothing is left to run, the run closes and the scheduler decides again (stepping). While a run is open the scheduler's running set is
-stale: what `/metrics` would show comes from the run (`scrape`).
+swap), or nothing is left to run, the run closes and the scheduler decides again (stepping).
+While a run is open the scheduler's running set is stale: what `/metrics` would show comes from
+the run (`scrape`).
 
 Equivalence: the same timelines, finish reasons, step counts and KV figures as stepping
 (`tests/fleet/test_cluster_runs.py`, on random fleets and traces).

@@ -276,7 +276,7 @@ class DecodeRun:
                 return None
             prefill_growth = max(ff.blocks_for(prefill_chunk.start + prefill_chunk.num_new_tokens) - pf.blocks, 0)
             if prefill_growth > free:
-                return self._plan_preempting(i)  # the prefilling member, the newest, yields
+                return self._plan_preempting(i)  # the prefilling member cannot grow: someone is preempted
             free -= prefill_growth
             budget -= prefill_chunk.num_new_tokens
         admitted = self._admissions(now, budget, free) if ff.has_waiting() else []
