@@ -287,14 +287,37 @@ def serving(name: str, setup: Setup) -> Iterator[Any]:
 
 
 def cpu_ticks(pid: int) -> tuple[int, int]:
-    """(busy clock ticks of the whole machine, ticks of process `pid`, all its threads); (0, 0) off Linux."""
+    """(busy clock ticks of the whole machine, ticks of process `pid` and its live descendants, all
+    their threads: a server may do its work in a child process, as `transformers serve` 5 does);
+    (0, 0) off Linux."""
     try:
         machine = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        process = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0, 0
     idle = int(machine[3]) + int(machine[4])  # idle, iowait
-    return sum(int(x) for x in machine[:8]) - idle, int(process[11]) + int(process[12])  # utime, stime
+    return sum(int(x) for x in machine[:8]) - idle, tree_ticks(pid)
+
+
+def tree_ticks(root: int) -> int:
+    """utime + stime of process `root` and of its live descendants, from /proc (0 when it is gone)."""
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)  # its parent's
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += ticks.get(pid, 0)
+        stack.extend(children.get(pid, ()))
+    return total
 
 
 def bench(url: str, name: str, setup: Setup, flags: list[str], pid: int = 0) -> dict[str, Any]:

@@ -203,3 +203,24 @@ def test_arrival_ceiling(evp: ModuleType, tmp_path: Path) -> None:
     assert poisson["per_run_ceiling"] == [pytest.approx(41.67 / 10, rel=1e-3)]
     assert "the most the arrivals allowed: runs 4.17; reachable in 1 of 1" in text
     assert text.count("the most the arrivals allowed") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_servers_cpu_counts_its_children(evp: ModuleType) -> None:
+    """A server that does its work in a child process (`transformers serve` 5 spawns one) is
+    charged for it: `tree_ticks` sums the process and its live descendants."""
+    import subprocess
+
+    work = "n = 0\nfor i in range(10_000_000): n += i\nprint('done', flush=True)\nimport time; time.sleep(60)"
+    launcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {work!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "done"  # the child's work is over
+        fields = Path(f"/proc/{parent.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        own = int(fields[11]) + int(fields[12])
+        assert evp.tree_ticks(parent.pid) > own + 10  # the child's CPU time (about 100 ticks a second)
+    finally:
+        subprocess.run(["pkill", "-P", str(parent.pid)], check=False)  # the child, then its launcher
+        parent.kill()
+        parent.wait()
+    assert evp.tree_ticks(parent.pid) == 0  # gone
