@@ -452,13 +452,14 @@ class DecodeRun:
     def _finish_due(self, step: int) -> None:
         """Finish the members whose last token came at `step` (just taken)."""
         heap = self.finishing
-        self._drop_preempted()
-        while heap and heap[0][0] == step:
-            member = heapq.heappop(heap)[2]
-            if not member.done:
+        while heap:
+            last, _, member = heap[0]
+            if not member.done and last != step:
+                break
+            heapq.heappop(heap)
+            if not member.done:  # (a preempted member's entry is only dropped)
                 self._stop_decoding(member)
                 self._finish(member, step + 1)
-            self._drop_preempted()
 
     def _finish(self, m: _Member, num_steps: int) -> None:
         self._materialize(m, num_steps)
