@@ -75,6 +75,8 @@ def test_a_bad_profile_prints_no_traceback(bad_profiles: dict[str, Path]) -> Non
         (["calibrate", "--out", "p.json", "--decodes", "0,one"], "comma-separated integers"),
         (["calibrate", "--out", "p.json", "--repeats", "1"], "repeats >= 3"),
         (["calibrate", "--out", "p.json", "--threads", "0"], "--threads must be >= 1"),
+        (["calibrate", "--out", "p.json", "--clock", "cpu"], "unknown clock 'cpu': use one of wall, thread-cpu"),
+        (["calibrate", "--out", "p.json", "--clock", "thread-cpu"], "set threads to 1 (--threads 1), not None"),
         (["calibrate", "--out", "p.json", "--runs", "0"], "--runs >= 1"),
         (["calibrate", "--out", "p.json", "--run-requests", "3"], "--run-requests must be >= 4"),
         (["calibrate", "--out", "p.json", "--model", "/nonexistent/model"], "not a directory"),
@@ -108,12 +110,14 @@ def test_calibrate_simulate_and_validate_a_tiny_model(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     profile = tmp_path / "profile.json"
-    grid = ["--prefill", "0,32,96", "--decodes", "0,1,4,16", "--context", "8,48", "--repeats", "3"]
+    grid = ["--prefill", "0,32,96", "--decodes", "0,1,4,16", "--context", "8,48", "--repeats", "3",
+            "--clock", "thread-cpu"]  # fmt: skip
     code = main(["calibrate", "--model", str(tiny_model), "--out", str(profile), "--kv-cache-memory", "8",
                  "--threads", "1", "--run-requests", "8", "--runs", "2", "--quiet", *grid])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and profile.is_file() and "<- chosen" in out and "1 threads" in out
     assert "machine speed per engine run (probe, against their mean): x" in out
+    assert json.loads(profile.read_text())["grid"]["clock"] == "thread-cpu"
     probe = json.loads(profile.read_text())["speed_probe"]
     assert set(probe) == {"ms", "timed", "run_speeds"} and len(probe["timed"]) == 3 and len(probe["run_speeds"]) == 2
     assert all(set(timed) == set(probe["ms"]) for timed in probe["timed"])  # before, between and after the 2 runs

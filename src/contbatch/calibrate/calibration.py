@@ -88,6 +88,10 @@ class CalibrationConfig:
             raise CalibrationError(
                 f"the calibration needs 1+ engine runs of 4+ requests, got {self.loop_runs} of {self.loop_requests}"
             )
+        if self.grid.clock == "thread-cpu" and self.threads != 1:
+            raise CalibrationError(
+                f"the thread-cpu clock times one torch thread: set threads to 1 (--threads 1), not {self.threads}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,8 @@ def calibrate(config: CalibrationConfig, progress: Progress = _no_progress) -> C
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     engine = LLMEngine(config.engine)
+    if config.grid.clock == "thread-cpu" and engine.runner.device.type != "cpu":
+        raise CalibrationError(f"the thread-cpu clock does not see work on {engine.runner.device}: use the wall clock")
     check_fits_model(config.grid, engine.max_model_len)
     grid_points, heldout = config.grid.points(), heldout_points(config.grid, config.num_heldout, seed=config.seed + 1)
     runner = _grid_runner(engine, config, [*grid_points, *heldout])

@@ -20,6 +20,12 @@ one untimed run in every later pass: in a real run a small step follows a simila
 grid's previous, larger point, whose memory traffic it would otherwise pay for); from pass
 `MIN_REPEATS` on, a point that has already taken `point_budget_s` is skipped. A point's time is
 the median of its runs.
+
+A run is timed by the grid's `clock` (`CLOCKS`): `wall` (the default) by elapsed time, which a
+neighbour's load inflates whenever the runner's thread waits for a core; `thread-cpu` by the CPU
+time of the calling thread, which such waits do not move. The second is the runner's whole time
+only when the runner does all its work on that thread: one torch thread on the CPU
+(`CalibrationConfig` refuses it otherwise).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import itertools
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from contbatch.calibrate.fit import StepSample
@@ -39,6 +45,7 @@ from contbatch.loop.params import SamplingParams
 MIN_REPEATS = 3
 REWARM_BELOW_S = 0.02  # a point faster than this runs once untimed before each timed run
 GREEDY = SamplingParams(temperature=0.0)
+CLOCKS: Mapping[str, Callable[[], float]] = {"wall": time.perf_counter, "thread-cpu": time.thread_time}
 
 
 class CalibrationError(ValueError):
@@ -53,6 +60,7 @@ class GridSpec:
     warmup: int = 1
     repeats: int = 5
     point_budget_s: float = 0.5  # timed seconds after which a point gets no more passes (beyond MIN_REPEATS)
+    clock: str = "wall"  # what times a run: a key of CLOCKS (see the module docstring)
 
     def __post_init__(self) -> None:
         for name in ("prefill", "decode", "context"):
@@ -65,6 +73,8 @@ class GridSpec:
             raise CalibrationError("the grid's context axis must be >= 1")
         if self.warmup < 0 or self.repeats < MIN_REPEATS:
             raise CalibrationError(f"warm-up must be >= 0 and repeats >= {MIN_REPEATS}")
+        if self.clock not in CLOCKS:
+            raise CalibrationError(f"unknown clock {self.clock!r}: use one of {', '.join(CLOCKS)}")
 
     def points(self) -> list[tuple[int, int, int]]:
         """Every (prefill, decode, context) but the empty steps."""
@@ -143,6 +153,7 @@ def time_points(
 ) -> list[StepSample]:
     """One `StepSample` per point, timed on `runner` in interleaved passes (see the module docstring)."""
     times: list[list[float]] = [[] for _ in points]
+    clock = CLOCKS[spec.clock]
     for pass_index in range(spec.repeats):
         for index, point in enumerate(points):
             if pass_index >= MIN_REPEATS and sum(times[index]) > spec.point_budget_s:
@@ -151,9 +162,9 @@ def time_points(
             rewarm = bool(times[index]) and min(times[index]) < REWARM_BELOW_S
             for _ in range(spec.warmup if pass_index == 0 else int(rewarm)):
                 runner.execute(out, seqs)
-            start = time.perf_counter()
+            start = clock()
             runner.execute(out, seqs)
-            times[index].append(time.perf_counter() - start)
+            times[index].append(clock() - start)
             if on_run is not None:
                 on_run()
     samples = []

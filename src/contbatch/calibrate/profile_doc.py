@@ -3,7 +3,7 @@
 Keys besides ``format``, ``version`` and ``cost`` (`contbatch.sim.costs.profile` states those):
 ``created`` (UTC, ISO 8601), ``machine`` (host, platform, processor, CPU count, Python),
 ``model`` (path, type, shape, parameters), ``engine`` (device, dtype, torch threads, torch
-version, block size, KV cache bytes), ``grid`` (axes, warm-up, repeats), ``fits`` (both models'
+version, block size, KV cache bytes), ``grid`` (axes, warm-up, repeats, clock), ``fits`` (both models'
 coefficients, held-out errors and score), ``chosen``, ``speed_probe`` (`contbatch.calibrate.probe`:
 the probe's times per point ``"prefill,decode,context"``, ``timed`` before, between and after the
 calibration engine runs, their geometric mean ``ms``, the reference `contbatch validate` measures
@@ -153,6 +153,7 @@ def profile_document(
             "context_per_decode": list(grid.context),
             "warmup": grid.warmup,
             "repeats": grid.repeats,
+            "clock": grid.clock,
             "num_heldout": config.num_heldout,
             "engine_run_requests": config.loop_requests,
             "engine_runs": config.loop_runs,

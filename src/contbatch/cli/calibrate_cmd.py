@@ -15,8 +15,10 @@ engine, and the simulator's prediction error against the engine on a trace.
   server observed from the outside (`contbatch observe`, `contbatch fit`; `contbatch.cli.observe_cmd`).
 
 Torch threads: `calibrate --threads N` (default: torch's current setting) is recorded in the
-profile; `validate` uses the profile's unless told otherwise. Bad input (flags, profile file,
-trace) exits 2 with one line on stderr, never a traceback.
+profile; `validate` uses the profile's unless told otherwise. `calibrate --clock thread-cpu` times
+the grid by the thread's CPU time (with `--threads 1` on the CPU: a shared machine's load does not
+inflate it); the engine runs, whose cycle times the profile's loop terms fit, stay on the wall
+clock. Bad input (flags, profile file, trace) exits 2 with one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def add_calibrate_parsers(commands: Any) -> None:
     calibrate.add_argument("--context", help="grid context per decode, e.g. 32,128,384,768")
     calibrate.add_argument("--repeats", type=int, default=5, help="timed runs per grid point (default 5)")
     calibrate.add_argument("--warmup", type=int, default=1, help="untimed runs per grid point (default 1)")
+    calibrate.add_argument("--clock", default="wall",
+                           help="what times a grid run: wall, elapsed time (default), or thread-cpu, "
+                           "the thread's CPU time, which other load does not inflate (needs --threads 1)")  # fmt: skip
     calibrate.add_argument("--run-requests", type=int, default=160, help="requests of each calibration engine run")
     calibrate.add_argument("--runs", type=int, default=3,
                            help="calibration engine runs, the speed probe timed around each (default 3)")  # fmt: skip
@@ -129,6 +134,7 @@ def _calibration_config(args: argparse.Namespace) -> Any:
         context=_axis(args.context, "--context") or default.context,
         warmup=args.warmup,
         repeats=args.repeats,
+        clock=args.clock,
     )
     if args.run_requests < 4 or args.runs < 1:
         raise UsageError(f"--run-requests must be >= 4 and --runs >= 1, got {args.run_requests} and {args.runs}")
