@@ -72,7 +72,7 @@ def kv_configs(
             preemption=st.sampled_from(["recompute", "swap"]),
             num_host_blocks=st.sampled_from([0, 50]),
             watermark=st.sampled_from(watermark),
-            # runs take preemptions by recompute themselves (every victim rule), and stop at swaps
+            # runs take preemptions themselves, by recompute or swap, whatever the victim rule
             victim=st.sampled_from(["newest", "newest", "lowest_priority", "fewest_generated"]),
             max_preemptions=st.sampled_from([None, None, 1]),
         ),
@@ -199,19 +199,21 @@ def test_decode_runs_admit_arrivals() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kv_fields", "runs_preempt"),
+    ("kv_fields", "swap_outs"),
     [
-        ({}, True),  # by recompute, whatever the victim rule: the runs preempt
-        ({"victim": "lowest_priority"}, True),
-        ({"victim": "fewest_generated", "max_preemptions": 2}, True),
-        ({"preemption": "swap", "num_host_blocks": 60}, False),  # the scheduler swaps
+        ({}, 0),  # by recompute, whatever the victim rule
+        ({"victim": "lowest_priority"}, 0),
+        ({"victim": "fewest_generated", "max_preemptions": 2}, 0),
+        ({"preemption": "swap", "num_host_blocks": 60}, 136),  # every victim swapped out and back in
+        ({"preemption": "swap", "num_host_blocks": 6}, 60),  # the host full at times: recompute then
+        ({"preemption": "swap", "num_host_blocks": 12, "victim": "fewest_generated"}, 105),
     ],
 )
-def test_decode_runs_under_kv_pressure(kv_fields: dict[str, object], runs_preempt: bool) -> None:
-    """A pool too small for the load. By recompute, runs take the preemptions as events inside
-    them (far fewer `schedule` calls than preemptions), whatever the victim rule; by swap they end
-    where someone must be preempted, the scheduler preempts, runs resume. Either way: stepping's
-    results, step records and totals, preemptions included."""
+def test_decode_runs_under_kv_pressure(kv_fields: dict[str, object], swap_outs: int) -> None:
+    """A pool too small for the load. Runs take the preemptions as events inside them (far fewer
+    `schedule` calls than preemptions), whatever the victim rule, by recompute or by swap (and
+    the swapped-out requests' swap-ins; a swap without host room falls back to recompute):
+    stepping's results, step records and totals, preemptions and swaps included."""
     rng = random.Random(5)
     rows = generate("tight", 120, poisson(20.0), fixed(64), uniform(40, 200), seed=5).requests
     trace = Trace("tight", tuple(dataclasses.replace(r, priority=rng.randint(0, 3)) for r in rows), "s", "test")
@@ -231,7 +233,8 @@ def test_decode_runs_under_kv_pressure(kv_fields: dict[str, object], runs_preemp
     assert _fingerprint(skipped) == _fingerprint(stepped)
     assert skipped_log.rows == stepped_log.rows
     assert skipped.busy_time == stepped.busy_time and skipped.kv_usage_mean == stepped.kv_usage_mean
-    assert (len(scheduled) < preemptions / 4) == runs_preempt
+    assert stepped.scheduler_stats["num_swap_outs"] == stepped.scheduler_stats["num_swap_ins"] == swap_outs
+    assert len(scheduled) < preemptions / 4
 
 
 def test_decode_runs_cover_the_seed_semantics() -> None:

@@ -28,10 +28,14 @@ caller counts as owed are not taken from the pool until `hold` (at close), so th
 free count minus the owed blocks is what every decision meanwhile must see; `close` leaves the
 scheduler exactly as the same steps taken one by one would have.
 
-A KV shortage is a decision the caller may take too when preemption is by recompute
-(`takes_preemptions`): in running order, each request that cannot grow preempts the victim the
-KV config's rule picks among the running requests (`victim_index`; itself, perhaps) until it
-can, and that step admits nobody; `preempt` makes each such change.
+A KV shortage is a decision the caller may take too: in running order, each request that cannot
+grow preempts the victim the KV config's rule picks among the running requests (`victim_index`;
+itself, perhaps) until it can, and that step admits nobody; `preempt` makes each such change, by
+recompute or by swap as the KV config says (a swap without host room falls back to recompute,
+as in `schedule`). Which victims go and the device
+blocks they free do not depend on how they are preempted. A swapped-out request waiting is
+admitted like any other (`admission`: its blocks are those its swap-in takes); `swap_in` admits
+it, its blocks taken from the pool at once.
 """
 
 from __future__ import annotations
@@ -137,10 +141,9 @@ class FastForward:
         self._kv = memory.kv if memory is not None else None
         self._memory = memory
         self._seats = s._max_seqs
-        # a running request that cannot grow preempts a victim (`victim_index`) by recompute: a
-        # decision the caller may take (`preempt`); a swap is the scheduler's to make
-        self._kv_config = kv_config = memory.config if memory is not None else None
-        self.takes_preemptions = kv_config is not None and kv_config.preemption == "recompute"
+        # a running request that cannot grow preempts a victim (`victim_index`, `preempt`)
+        self._kv_config = memory.config if memory is not None else None
+        self.swaps = memory is not None and memory.config.preemption == "swap"  # (with host room)
         self._preempting_steps: list[int] = []  # the caller's steps (0-based) that preempted, in order
 
     # -- what the caller reads -----------------------------------------------------------------
@@ -156,12 +159,15 @@ class FastForward:
         return bool(self._s.waiting)
 
     def admits(self, request: Request) -> bool:
-        """Whether the caller may admit waiting `request` (by `admission`): its first chunk starts
-        at its first position, as for a request never run or one preempted by recompute (it
-        computes all it knew again); not one whose KV is swapped out or arrives from elsewhere."""
-        if request.num_external_tokens and not request.num_preemptions:
-            return False
-        return self._kv is None or not self._kv.is_swapped(request.request_id)
+        """Whether the caller may admit waiting `request` (by `admission`): every one but a
+        request whose KV arrives from elsewhere (the scheduler counts it as computed when it
+        admits it). Its first chunk starts where its KV ends: at its first position, or, swapped
+        out (`is_swapped`), after the tokens its KV holds."""
+        return not (request.num_external_tokens and not request.num_preemptions)
+
+    def is_swapped(self, request: Request) -> bool:
+        """Whether waiting `request`'s KV is in host memory (admitted by `swap_in`)."""
+        return self._kv is not None and self._kv.is_swapped(request.request_id)
 
     def plan(self, request: Request, budget: int) -> ScheduledChunk | None:
         """`request`'s next chunk within `budget` tokens, as the scheduler plans it
@@ -185,8 +191,9 @@ class FastForward:
     ) -> tuple[ScheduledChunk, int] | None:
         """(its first chunk, the blocks it takes) when admission would admit waiting `request`
         (one the caller `admits`) now: a seat with `num_running` running, its first chunk planned
-        within `budget` tokens, its first blocks out of `free_blocks` above the watermark (none
-        when it would run `alone`); None when it would not."""
+        within `budget` tokens, its first blocks (a swapped-out request's: those its swap-in
+        takes) out of `free_blocks` above the watermark (none when it would run `alone`); None
+        when it would not."""
         if num_running >= self._seats:
             return None
         chunk = self.plan(request, budget)
@@ -195,10 +202,10 @@ class FastForward:
         memory, kv = self._memory, self._kv
         if memory is None or kv is None:
             return chunk, 0
-        end = chunk.num_new_tokens
+        end = chunk.start + chunk.num_new_tokens
         if memory.shortfall(request, end, alone=alone, extra_free=free_blocks - kv.num_free_blocks):
             return None
-        return chunk, kv.num_blocks_for(memory.first_hold(request, end))
+        return chunk, memory.admission_blocks(request, end)
 
     # -- what the caller changes ---------------------------------------------------------------
     def admit(self, request: Request, now: float, blocks: int) -> None:
@@ -210,6 +217,19 @@ class FastForward:
         s.waiting.remove((request,))
         request.admit(now)
         request.kv_capacity = blocks * self.block_size
+
+    def swap_in(self, request: Request, chunk: ScheduledChunk, now: float) -> tuple[int, ...]:
+        """Admit swapped-out waiting `request` at `now` with `chunk` (its `admission` answered:
+        it fits): its KV back in device blocks taken from the pool now, those blocks returned."""
+        memory = self._s.memory
+        assert memory is not None and self.is_swapped(request)
+        moved = memory.admit(request, chunk, alone=True)  # (no margin: `admission` checked the fit)
+        assert moved, f"swap_in: {request.request_id!r} did not fit"
+        s = self._s
+        s.waiting.admitted(request)
+        s.waiting.remove((request,))
+        request.admit(now)
+        return moved
 
     def emit(self, request: Request, ts: list[float], num_computed_tokens: int) -> None:
         """`request` decoded one (dummy) token at each of `ts` and now has `num_computed_tokens`
@@ -236,18 +256,19 @@ class FastForward:
         assert config is not None, "victim_index: no KV limit, no victim"
         return victim_index(running, config.victim, config.max_preemptions, generated)
 
-    def preempt(self, request: Request, now: float, step: int) -> int:
-        """Preempt running `request` by recompute at `now`, in the caller's `step` (0-based), as
-        the scheduler does when a running request cannot grow (`takes_preemptions`): the blocks
-        it really holds are freed, it goes to the front of the queue. The pool's free blocks after."""
-        assert self.takes_preemptions, "preempt: the scheduler decides a swap"
+    def preempt(self, request: Request, now: float, step: int) -> tuple[int, ...] | None:
+        """Preempt running `request` at `now`, in the caller's `step` (0-based), as the scheduler
+        does when a running request cannot grow: by recompute or swap per
+        the KV config (`Admission.release_victim`), the blocks it really holds freed (`hold` first
+        the blocks a swap must move), to the front of the queue. The device blocks swapped out,
+        or None (recompute)."""
+        assert self._kv_config is not None, "preempt: no KV limit, no preemption"
         s = self._s
         moved = s.release_victim(request, now)
-        assert moved is None, "preempt: recompute only"
         s.waiting.push_front(request)
         if not self._preempting_steps or self._preempting_steps[-1] != step:
             self._preempting_steps.append(step)
-        return self.num_free_blocks()
+        return moved
 
     def hold(self, request: Request, num_tokens: int) -> bool:
         """Make running `request` hold blocks for `num_tokens` tokens from the pool (keeping those it

@@ -119,7 +119,7 @@ class Memory:
         were `extra_free` more blocks free."""
         kv = self.kv
         if kv.is_swapped(request.request_id):
-            need = max(kv.num_blocks_for(self.first_hold(request, end)), kv.num_held_host_blocks(request.request_id))
+            need = self.admission_blocks(request, end)
             margin = 0 if alone else self.watermark_blocks
         else:
             hold = self.first_hold(request, end)
@@ -135,6 +135,13 @@ class Memory:
                 need += self._expected_growth(request)
             margin = 0 if alone else self.watermark_blocks + self._future_blocks
         return max(0, need + margin - kv.num_free_blocks - extra_free)
+
+    def admission_blocks(self, request: Request, end: int) -> int:
+        """Device blocks a waiting request admitted with a first chunk ending at `end` holds
+        (without prefix caching): its first hold's, or, swapped out, its host copy's when more."""
+        kv = self.kv
+        blocks = kv.num_blocks_for(self.first_hold(request, end))
+        return max(blocks, kv.num_held_host_blocks(request.request_id)) if kv.is_swapped(request.request_id) else blocks
 
     def _swap_in(self, request: Request, end: int, *, alone: bool) -> tuple[int, ...] | None:
         kv = self.kv

@@ -12,10 +12,10 @@ whose members have all finished stays open, dormant, until a request is routed t
 request routed to the replica meanwhile `cut`s the segment: the steps already over are taken,
 the one running stays planned, and at its end the request is admitted inside the run when it
 fits (`DecodeRun.plan_step`: a step planned whole, with its prefill chunks, or the preemptions
-of a KV shortage by recompute); when a step would need a decision the run does not take (a
-swap), or nothing is left to run, the run closes and the scheduler decides again (stepping).
-While a run is open the scheduler's running set is stale: what `/metrics` would show comes from
-the run (`scrape`).
+of a KV shortage, swaps included); when a step would need a decision the run does not take (a
+request whose KV arrives from elsewhere), or nothing is left to run, the run closes and the
+scheduler decides again (stepping). While a run is open the scheduler's running set is stale:
+what `/metrics` would show comes from the run (`scrape`).
 
 Equivalence: the same timelines, finish reasons, step counts and KV figures as stepping
 (`tests/fleet/test_cluster_runs.py`, on random fleets and traces).
@@ -132,10 +132,10 @@ class ReplicaRun:
             planned = run.plan_step(now)
             if planned is None:
                 return None
-            run.take(planned, now)
-            self._admitting, self._segment = planned.shape, None
+            shape = run.take(planned, now)
+            self._admitting, self._segment = shape, None
             self.num_running = run.num_running
-            self._ends, self._used = [now + self.clock.pricer.step_time(planned.shape)], [planned.used]
+            self._ends, self._used = [now + self.clock.pricer.step_time(shape)], [planned.used]
             return self._ends[0]
         self._segment, self._admitting = segment, None
         self.num_running = run.num_running

@@ -14,17 +14,19 @@ steady decodes (`decode_segment`); otherwise each step is planned whole (`plan_s
 decodes, the prefilling member's next chunk (what the budget leaves), then the waiting requests in
 queue order, each admitted with its first chunk while it fits (a partial one becomes the
 prefilling member), as `schedule` would. A step in which a running request cannot grow is
-planned whole too when preemption is by recompute (`FastForward.takes_preemptions`): the victims
-the KV config's rule picks (`_Shortage`) leave the run with their tokens materialized and go to
-the front of the queue, to be admitted again inside the run (`_plan_preempting`).
+planned whole too (`FastForward.victim_index`, `preempt`): the victims the KV config's rule picks
+(`_Shortage`) leave the run with their tokens materialized and go to the front of the queue
+(`_plan_preempting`), to be admitted again inside the run: by recompute, or by swap, their
+blocks taken from the pool and moved to host memory when the step is taken, and moved back when
+a step admits them (`FastForward.swap_in`, blocks taken from the pool at once). A step that may
+swap is priced from the shape `take` returns (the swaps' block ids exist only then).
 
 Equivalence (tested against step-by-step simulation on thousands of random traces and
 configurations, under every cost model): the steps a run takes give the same per-request
 timelines, finish reasons, step ids, counters, KV usage and per-step records as that many
 `schedule`/`update` calls. A run refuses a step (`decode_segment` / `plan_step` return None and
-change nothing) whenever it could involve a decision it does not take: a KV shortage when
-preemption is by swap, a waiting request whose KV is swapped out or arrives from elsewhere (the
-scheduler brings it in), an empty step.
+change nothing) whenever it could involve a decision it does not take: a waiting request whose
+KV arrives from elsewhere (the scheduler brings it in), an empty step.
 
 Invariants while a run is open: each scheduler request is either a member, the prefilling
 member, or untouched; the scheduler's running set is stale (refreshed by `close`), so nothing else
@@ -117,7 +119,7 @@ class _Planned:
     (each with its first chunk and first blocks), in queue order, and the running ones it
     preempts, in the order the scheduler preempts them. Read only."""
 
-    __slots__ = ("admitted", "growth", "prefill_chunk", "prefill_growth", "shape", "used", "victims")
+    __slots__ = ("admitted", "growth", "prefill_chunk", "prefill_growth", "shape", "swaps", "used", "victims")
 
     def __init__(  # noqa: PLR0917 (one positional call site, in field order)
         self,
@@ -128,6 +130,7 @@ class _Planned:
         prefill_growth: int,
         admitted: list[tuple[Request, ScheduledChunk, int]],
         victims: tuple[_Member | _Prefill, ...] = (),
+        swaps: bool = False,
     ) -> None:
         self.shape = shape
         self.used = used
@@ -136,6 +139,7 @@ class _Planned:
         self.prefill_growth = prefill_growth
         self.admitted = admitted
         self.victims = victims
+        self.swaps = swaps  # it may move blocks to or from host memory: its shape is `take`'s
 
 
 class DecodeRun:
@@ -150,7 +154,6 @@ class DecodeRun:
         self.stop_after = stop_after  # the executor's stop countdowns: decremented at close
         self.admits_arrivals = admits_arrivals and ff.admits_arrivals
         self.tracks_growth = ff.tracks_growth
-        self.preempts = ff.takes_preemptions and ff.tracks_growth  # takes a KV shortage's preemptions
         self.block_size = ff.block_size
         self.members: list[_Member] = []
         self.finishing: list[tuple[int, int, _Member]] = []  # (last step, order, member): a heap
@@ -166,6 +169,7 @@ class DecodeRun:
         self._pool_free = ff.num_free_blocks()
         self.prefill: _Prefill | None = None
         self._taken: _Planned | None = None  # the step taken, until its commit
+        self._joining: list[tuple[_Prefill, ScheduledChunk]] = []  # its admissions, with their first chunks
 
     @property
     def num_running(self) -> int:
@@ -257,9 +261,10 @@ class DecodeRun:
     def plan_step(self, now: float) -> _Planned | None:
         """Plan the next step whole, as `schedule` at `now` would: every decoding member's token,
         the prefilling member's next chunk, then the waiting requests admitted while they fit.
-        None when it needs a decision the run does not take (a preemption, a waiting request the
-        run does not admit (`FastForward.admits`), admitting when the run does not admit, an empty
-        step). Changes nothing; followed by `take` and `commit`, or dropped."""
+        None when it needs a decision the run does not take (a waiting request the run does not
+        admit (`FastForward.admits`), admitting when the run does not admit, an empty step).
+        Changes nothing; followed by `take` and `commit`, or dropped. The shape is the step's but
+        for its swaps (`_Planned.swaps`: `take` gives it whole)."""
         ff = self.ff
         i = len(self.step_ts)
         n = self.num_decoding
@@ -287,15 +292,13 @@ class DecodeRun:
         shape = self._step_shape(i, n, self.context_base, chunks)
         taken = growth + prefill_growth + sum([blocks for _, _, blocks in admitted])
         used = self._num_blocks - self._pool_free + self.owed + taken
-        return _Planned(shape, used, growth, prefill_chunk, prefill_growth, admitted)
+        swaps = ff.swaps and any([ff.is_swapped(r) for r, _, _ in admitted])
+        return _Planned(shape, used, growth, prefill_chunk, prefill_growth, admitted, swaps=swaps)
 
     def _plan_preempting(self, i: int) -> _Planned | None:
         """Step i when the pool cannot give what the running requests ask for, as the scheduler
-        takes it (`FastForward.takes_preemptions`; `_Shortage`); the step admits nobody. None
-        when the run does not take that decision, or when nothing would be left to run (the
-        scheduler takes that step)."""
-        if not self.preempts:
-            return None
+        takes it (`_Shortage`); the step admits nobody. None when nothing would be left to run
+        (the scheduler takes that step)."""
         shortage = _Shortage(self, i)
         chunk, chunk_growth = shortage.decide()
         if not shortage.victims:
@@ -310,7 +313,7 @@ class DecodeRun:
         ids = tuple([v.request.request_id for v in victims])
         shape = self._step_shape(i, n, context_base, chunks, ids)
         used = self._num_blocks - self._pool_free + self.owed - shortage.freed + shortage.growth + chunk_growth
-        return _Planned(shape, used, shortage.growth, chunk, chunk_growth, [], tuple(victims))
+        return _Planned(shape, used, shortage.growth, chunk, chunk_growth, [], tuple(victims), self.ff.swaps)
 
     def _step_shape(
         self, i: int, n: int, context_base: int, chunks: list[ScheduledChunk], preempted_ids: tuple[str, ...] = ()
@@ -382,17 +385,32 @@ class DecodeRun:
             return None
         return admitted if all(c.num_new_tokens == r.num_prompt_tokens for r, c, _ in admitted) else None
 
-    def take(self, planned: _Planned, now: float) -> None:
-        """Start the step `plan_step` planned, at `now`: its admissions happen, its blocks are
-        counted. Followed by `commit`."""
+    def take(self, planned: _Planned, now: float) -> SchedulerOutput:
+        """Start the step `plan_step` planned, at `now`: its preemptions and admissions happen,
+        its blocks are counted. Its shape, with the blocks its victims swapped out and its
+        admissions swapped in. Followed by `commit`."""
         assert self._taken is None, "take twice without commit"
+        ff = self.ff
+        swapped_out, swapped_in = [], []
         for victim in planned.victims:
-            self._preempt(victim, now)
-        for request, _, blocks in planned.admitted:
-            self.ff.admit(request, now, blocks)
-            self.owed += blocks
+            moved = self._preempt(victim, now)
+            if moved is not None:
+                swapped_out.append((victim.request.request_id, moved))
+        joining = self._joining
+        for request, chunk, blocks in planned.admitted:
+            if ff.is_swapped(request):
+                swapped_in.append((request.request_id, ff.swap_in(request, chunk, now)))
+                self._pool_free = ff.num_free_blocks()
+                joining.append((_Prefill(request, chunk.start, blocks, 0), chunk))
+            else:
+                ff.admit(request, now, blocks)
+                self.owed += blocks
+                joining.append((_Prefill(request, 0, blocks, blocks), chunk))
         self.owed += planned.growth + planned.prefill_growth
         self._taken = planned
+        if not (swapped_out or swapped_in):
+            return planned.shape
+        return _with_swaps(planned.shape, tuple(swapped_out), tuple(swapped_in))
 
     def commit(self, end_ts: float) -> None:
         """Take the step started by the last `take`, ending at `end_ts`."""
@@ -408,8 +426,9 @@ class DecodeRun:
             pf.owed += planned.prefill_growth
             self.prefill = None
             self._prefilled(pf, chunk, i)
-        for request, first, blocks in planned.admitted:
-            self._prefilled(_Prefill(request, 0, blocks, blocks), first, i)
+        for joined, first in self._joining:
+            self._prefilled(joined, first, i)
+        self._joining.clear()
         self._finish_due(i)
 
     def _prefilled(self, pf: _Prefill, chunk: ScheduledChunk, i: int) -> None:
@@ -430,9 +449,11 @@ class DecodeRun:
         else:
             self._join(r, i + 1, known, r.num_output_tokens, pf.owed)
 
-    def _preempt(self, victim: _Member | _Prefill, now: float) -> None:
+    def _preempt(self, victim: _Member | _Prefill, now: float) -> tuple[int, ...] | None:
         """Preempt `victim` at the start of the next step (at `now`): a member's tokens so far
-        materialized, its counted blocks released, the request to the queue (`FastForward.preempt`)."""
+        materialized, its counted blocks released (taken from the pool first when it swaps: the
+        swap moves what it holds), the request to the queue (`FastForward.preempt`). The device
+        blocks it swapped out, or None."""
         i = len(self.step_ts)
         if isinstance(victim, _Prefill):
             self.prefill = None
@@ -442,7 +463,12 @@ class DecodeRun:
             self._materialize(victim, i)
             victim.done = True  # its `finishing` entry is dropped when it comes up
             self.num_alive -= 1
-        self._pool_free = self.ff.preempt(victim.request, now, i)
+        ff, request = self.ff, victim.request
+        if ff.swaps and not ff.hold(request, self._held_tokens(request)):
+            raise AssertionError(f"decode run: no block for {request.request_id!r} it was counted to hold")
+        moved = ff.preempt(request, now, i)
+        self._pool_free = ff.num_free_blocks()
+        return moved
 
     def _drop_preempted(self) -> None:
         heap = self.finishing
@@ -595,6 +621,27 @@ class _Shortage:
         if isinstance(x, _Prefill):
             return x.request.num_output_tokens
         return x.request.num_output_tokens + self.i - x.first
+
+
+Swaps = tuple[tuple[str, tuple[int, ...]], ...]  # (request id, device block ids), as in `SchedulerOutput`
+
+
+def _with_swaps(shape: SchedulerOutput, swapped_out: Swaps, swapped_in: Swaps) -> SchedulerOutput:
+    """`shape` with the blocks its preemptions moved to host memory and its admissions back."""
+    return SchedulerOutput(
+        shape.step_id,
+        shape.chunks,
+        shape.num_batched_tokens,
+        shape.num_prefill_tokens,
+        shape.num_decode_tokens,
+        shape.num_context_tokens,
+        shape.num_padding_tokens,
+        preempted_ids=shape.preempted_ids,
+        swapped_out=swapped_out,
+        swapped_in=swapped_in,
+        num_requests=shape.num_requests,
+        num_omitted_decodes=shape.num_omitted_decodes,
+    )
 
 
 def open_run(ff: FastForward, stop_after: MutableMapping[str, int], *, admits_arrivals: bool) -> DecodeRun:

@@ -147,17 +147,20 @@ class _RunDriver:
         return self._segment()
 
     def _planned_step(self) -> bool:
-        """One step planned whole (`DecodeRun.plan_step`): admissions, a prefill chunk."""
+        """One step planned whole (`DecodeRun.plan_step`): admissions, a prefill chunk, preemptions.
+        A step that swaps is priced from the shape taking it gives (its block ids exist only
+        then), so it is not the run's while a cancellation is pending (it could overlap it)."""
         start = self.clock.ts
         planned = self.run.plan_step(start)
-        if planned is None:
+        if planned is None or (planned.swaps and self.cancel_ts is not None):
             return False
-        shape = planned.shape
+        shape = self.run.take(planned, start) if planned.swaps else planned.shape
         duration = self.clock.pricer.step_time(shape)
         end = start + duration
-        if self.cancel_ts is not None and end >= self.cancel_ts:
-            return False  # that step's results must see the cancellation: not the run's
-        self.run.take(planned, start)
+        if not planned.swaps:
+            if self.cancel_ts is not None and end >= self.cancel_ts:
+                return False  # that step's results must see the cancellation: not the run's
+            self.run.take(planned, start)
         self.last, self.duration = shape, duration
         self.clock.advance_to(end)
         kv_usage = planned.used / self.total_blocks
