@@ -11,6 +11,8 @@ Workloads (`WORKLOADS`; issue 19's table):
             arrival gaps kept), `engine` preset, streaming mode, with its peak memory;
   (c)       azure-code at 4 times its rate, roofline Llama-2-7B on A100, `engine` preset:
             saturated, KV near full, preemptions;
+  (c-swap)  (c) with preemption by swap to a host pool of 512 blocks (4 GiB of Llama-2-7B KV,
+            vLLM's default swap space; when it is full a victim is recomputed);
   (d)       one request of 1,000,000 output tokens under the seed preset and `unit:8`;
   (a-cli)   (a) as a user runs it, and as BLIS's figure is taken: the whole `contbatch simulate`
             process (its command line, the trace read from a JSONL file the script writes
@@ -98,7 +100,7 @@ class Workload:
     trace: Callable[[int], Any]  # (requests for the sized ones) -> Trace
     size: int
     cost: str
-    preset: str  # "a" (vLLM-like), "engine" or "seed"
+    preset: str  # "a" (vLLM-like), "engine", "engine-swap" or "seed"
     skip_ahead: bool = True
     streaming: bool = False
     blis_requests: int | None = None  # run in BLIS too, with this many requests
@@ -111,6 +113,7 @@ WORKLOADS: dict[str, Workload] = {
     "a-no-skip": Workload(_trace_a, 10_000, "roofline:llama-2-7b@a100", "a", skip_ahead=False),
     "b": Workload(_azure_tiled, 1_000_000, "roofline:llama-2-7b@a100", "engine", streaming=True),
     "c": Workload(_azure_4x, 0, "roofline:llama-2-7b@a100", "engine"),
+    "c-swap": Workload(_azure_4x, 0, "roofline:llama-2-7b@a100", "engine-swap"),
     "d": Workload(_one_long, 0, "unit:8", "seed"),
     "a-cli": Workload(_trace_a, 10_000, "roofline:llama-2-7b@a100", "a", blis_requests=10_000, cli=True),
 }
@@ -128,6 +131,9 @@ def run_one(name: str, size: int) -> dict[str, float]:
     config = {
         "a": dataclasses.replace(PRESETS["engine"], max_num_seqs=128, max_num_batched_tokens=4096),
         "engine": PRESETS["engine"],
+        "engine-swap": dataclasses.replace(
+            PRESETS["engine"], kv=dataclasses.replace(PRESETS["engine"].kv, preemption="swap", num_host_blocks=512)
+        ),
         "seed": seed_config(),
     }[w.preset]
     start = time.perf_counter()
