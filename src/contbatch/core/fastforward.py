@@ -32,10 +32,9 @@ A KV shortage is a decision the caller may take too: in running order, each requ
 grow preempts the victim the KV config's rule picks among the running requests (`victim_index`;
 itself, perhaps) until it can, and that step admits nobody; `preempt` makes each such change, by
 recompute or by swap as the KV config says (a swap without host room falls back to recompute,
-as in `schedule`). Which victims go and the device
-blocks they free do not depend on how they are preempted. A swapped-out request waiting is
-admitted like any other (`admission`: its blocks are those its swap-in takes); `swap_in` admits
-it, its blocks taken from the pool at once.
+as in `schedule`). Which victims go and the device blocks they free do not depend on how they
+are preempted. A swapped-out request waiting is admitted like any other (`admission`: its blocks
+are those its swap-in takes); `swap_in` admits it, its blocks taken from the pool at once.
 """
 
 from __future__ import annotations
@@ -143,7 +142,7 @@ class FastForward:
         self._seats = s._max_seqs
         # a running request that cannot grow preempts a victim (`victim_index`, `preempt`)
         self._kv_config = memory.config if memory is not None else None
-        self.swaps = memory is not None and memory.config.preemption == "swap"  # (with host room)
+        self.swaps = memory is not None and memory.config.preemption == "swap"  # (recompute when the host is full)
         self._preempting_steps: list[int] = []  # the caller's steps (0-based) that preempted, in order
 
     # -- what the caller reads -----------------------------------------------------------------
@@ -258,10 +257,10 @@ class FastForward:
 
     def preempt(self, request: Request, now: float, step: int) -> tuple[int, ...] | None:
         """Preempt running `request` at `now`, in the caller's `step` (0-based), as the scheduler
-        does when a running request cannot grow: by recompute or swap per
-        the KV config (`Admission.release_victim`), the blocks it really holds freed (`hold` first
-        the blocks a swap must move), to the front of the queue. The device blocks swapped out,
-        or None (recompute)."""
+        does when a running request cannot grow: by recompute or swap per the KV config
+        (`Admission.release_victim`), the blocks it really holds freed (`hold` first the blocks a
+        swap must move), to the front of the queue. The device blocks swapped out, or None
+        (recompute)."""
         assert self._kv_config is not None, "preempt: no KV limit, no preemption"
         s = self._s
         moved = s.release_victim(request, now)
