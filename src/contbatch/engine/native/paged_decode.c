@@ -17,7 +17,9 @@
    once for all the query heads that share them; and exponentiates with plain arithmetic that the
    compiler vectorises. With AVX2 and FMA (and head_dim a multiple of 8) the scores are taken
    eight keys at a time, eight independent sums reduced by one transpose, and the weighted values
-   are summed in registers; elsewhere the portable loops below do the same sums. */
+   are summed in registers; elsewhere the portable loops below do the same sums. A prefill tile
+   on a CPU with AVX-512 (head_dim a multiple of 8) is taken by `attend_lanes` instead: the
+   tile's rows as the lanes of two 512-bit vectors, so no sum runs across a vector. */
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -194,11 +196,114 @@ int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, c
    share one pass over the keys, each row then weighting only those it sees. */
 enum { PREFILL_TILE = 8 };
 
+#if defined(__AVX512F__) && !defined(CONTBATCH_NATIVE_PORTABLE)
+#include <immintrin.h>
+#define PAGED_PREFILL_LANES 1
+enum { LANES = 16 }; /* floats in a 512-bit vector */
+
+/* `attend` with the tile's rows as vector lanes (AVX-512, D a multiple of 8): scores, weights
+   and outputs are kept [key or d, RP] with RP = rows rounded up to 32 (two vectors, the padding
+   rows zero), so every sum runs down lanes (no sums across a vector) and each key or value
+   element is broadcast to all the rows at once. `buffer` holds 2 * D * RP + L * RP floats. */
+static void attend_lanes(const float *rows_q, int64_t rows, const float *keys, const float *values,
+                         const int64_t *off, int64_t L, int64_t D, float scale, float *buffer, float *ob,
+                         int64_t first_len, int64_t group) {
+  const int64_t RP = (rows + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);
+  float *qt = buffer, *ot = buffer + D * RP, *w = buffer + 2 * D * RP; /* [D, RP], [D, RP], [L, RP] */
+  memset(qt, 0, sizeof(float) * D * RP);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t d = 0; d < D; d++) qt[d * RP + r] = rows_q[r * D + d];
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t c = 0; c < RP; c += 2 * LANES) { /* scores, four keys at a time */
+    int64_t i = 0;
+    for (; i + 4 <= L; i += 4) {
+      const float *k0 = keys + off[i], *k1 = keys + off[i + 1], *k2 = keys + off[i + 2], *k3 = keys + off[i + 3];
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      for (int64_t d = 0; d < D; d++) {
+        const __m512 qa = _mm512_loadu_ps(qt + d * RP + c), qb = _mm512_loadu_ps(qt + d * RP + c + LANES);
+        const __m512 x0 = _mm512_set1_ps(k0[d]), x1 = _mm512_set1_ps(k1[d]);
+        const __m512 x2 = _mm512_set1_ps(k2[d]), x3 = _mm512_set1_ps(k3[d]);
+        a0 = _mm512_fmadd_ps(qa, x0, a0), b0 = _mm512_fmadd_ps(qb, x0, b0);
+        a1 = _mm512_fmadd_ps(qa, x1, a1), b1 = _mm512_fmadd_ps(qb, x1, b1);
+        a2 = _mm512_fmadd_ps(qa, x2, a2), b2 = _mm512_fmadd_ps(qb, x2, b2);
+        a3 = _mm512_fmadd_ps(qa, x3, a3), b3 = _mm512_fmadd_ps(qb, x3, b3);
+      }
+      float *wi = w + i * RP + c;
+      _mm512_storeu_ps(wi, _mm512_mul_ps(a0, s)), _mm512_storeu_ps(wi + LANES, _mm512_mul_ps(b0, s));
+      _mm512_storeu_ps(wi + RP, _mm512_mul_ps(a1, s)), _mm512_storeu_ps(wi + RP + LANES, _mm512_mul_ps(b1, s));
+      _mm512_storeu_ps(wi + 2 * RP, _mm512_mul_ps(a2, s)), _mm512_storeu_ps(wi + 2 * RP + LANES, _mm512_mul_ps(b2, s));
+      _mm512_storeu_ps(wi + 3 * RP, _mm512_mul_ps(a3, s)), _mm512_storeu_ps(wi + 3 * RP + LANES, _mm512_mul_ps(b3, s));
+    }
+    for (; i < L; i++) {
+      const float *k = keys + off[i];
+      __m512 a = _mm512_setzero_ps(), b = a;
+      for (int64_t d = 0; d < D; d++) {
+        const __m512 x = _mm512_set1_ps(k[d]);
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * RP + c), x, a);
+        b = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * RP + c + LANES), x, b);
+      }
+      _mm512_storeu_ps(w + i * RP + c, _mm512_mul_ps(a, s)), _mm512_storeu_ps(w + i * RP + c + LANES, _mm512_mul_ps(b, s));
+    }
+  }
+  /* softmax down each lane: row r sees the first first_len + r / group keys (a padding row: one);
+     its counts, largest score and sum kept where the queries were (D >= 8 floats a row) */
+  int64_t *seen = (int64_t *)qt;
+  float *top = qt + 2 * RP, *sum = qt + 3 * RP;
+  for (int64_t r = 0; r < RP; r++) seen[r] = r < rows ? first_len + r / group : 1;
+  for (int64_t r = 0; r < RP; r++) top[r] = w[r], sum[r] = 0.f;
+  for (int64_t i = 1; i < L; i++) {
+    const float *wi = w + i * RP;
+#pragma omp simd
+    for (int64_t r = 0; r < RP; r++) top[r] = (i < seen[r] && wi[r] > top[r]) ? wi[r] : top[r];
+  }
+  for (int64_t i = 0; i < L; i++) {
+    float *wi = w + i * RP;
+#pragma omp simd
+    for (int64_t r = 0; r < RP; r++) {
+      const float e = i < seen[r] ? exp_nonpositive(wi[r] - top[r]) : 0.f;
+      wi[r] = e;
+      sum[r] += e;
+    }
+  }
+  float *inv = sum;
+  for (int64_t r = 0; r < RP; r++) inv[r] = 1.f / sum[r];
+  /* the weighted values, eight elements of d at a time, divided by the sum at the end */
+  for (int64_t c = 0; c < RP; c += 2 * LANES) {
+    for (int64_t d = 0; d < D; d += 8) {
+      __m512 a[8], b[8];
+      for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps(), b[j] = a[j];
+      for (int64_t i = 0; i < L; i++) {
+        const __m512 wa = _mm512_loadu_ps(w + i * RP + c), wb = _mm512_loadu_ps(w + i * RP + c + LANES);
+        const float *v = values + off[i] + d;
+        for (int j = 0; j < 8; j++) {
+          const __m512 x = _mm512_set1_ps(v[j]);
+          a[j] = _mm512_fmadd_ps(wa, x, a[j]), b[j] = _mm512_fmadd_ps(wb, x, b[j]);
+        }
+      }
+      const __m512 ia = _mm512_loadu_ps(inv + c), ib = _mm512_loadu_ps(inv + c + LANES);
+      for (int j = 0; j < 8; j++) {
+        _mm512_storeu_ps(ot + (d + j) * RP + c, _mm512_mul_ps(a[j], ia));
+        _mm512_storeu_ps(ot + (d + j) * RP + c + LANES, _mm512_mul_ps(b[j], ib));
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t d = 0; d < D; d++) ob[r * D + d] = ot[d * RP + r];
+}
+#endif
+
 int paged_prefill(const float *q, int64_t q_stride_row, const float *key_cache, const float *value_cache,
                   const int64_t *table, int64_t start, int64_t n, int64_t Hq, int64_t Hkv, int64_t D, int64_t bs,
                   int64_t stride_block, int64_t stride_offset, int64_t stride_head, float scale, float *out,
                   int num_threads) {
-  const int64_t G = Hq / Hkv, tiles = (n + PREFILL_TILE - 1) / PREFILL_TILE, rows = PREFILL_TILE * G;
+  const int64_t G = Hq / Hkv;
+#ifdef PAGED_PREFILL_LANES
+  const int by_lanes = D % 8 == 0; /* `attend_lanes`: as many positions as fill two vectors' lanes */
+  const int64_t tile = by_lanes ? (G < 2 * LANES ? 2 * LANES / G : 1) : PREFILL_TILE;
+#else
+  const int64_t tile = PREFILL_TILE;
+#endif
+  const int64_t tiles = (n + tile - 1) / tile, rows = tile * G;
   int64_t *off = malloc(sizeof(int64_t) * (start + n)); /* every key's place, shared by the tasks */
   if (off == NULL) return 1;
   key_offsets(table, 0, start + n, bs, stride_block, stride_offset, off);
@@ -206,9 +311,11 @@ int paged_prefill(const float *q, int64_t q_stride_row, const float *key_cache, 
   /* the last tiles see the most keys: taken first, then the shorter ones fill in */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
   for (int64_t task = 0; task < tiles * Hkv; task++) {
-    const int64_t t = tiles - 1 - task / Hkv, h = task % Hkv, i0 = t * PREFILL_TILE;
-    const int64_t m = n - i0 < PREFILL_TILE ? n - i0 : PREFILL_TILE, L = start + i0 + m;
-    float *buffer = malloc(sizeof(float) * (2 * rows * D + rows * L)); /* queries, outputs, [rows, L] weights */
+    const int64_t t = tiles - 1 - task / Hkv, h = task % Hkv, i0 = t * tile;
+    const int64_t m = n - i0 < tile ? n - i0 : tile, L = start + i0 + m;
+    const int64_t lanes = (rows + 31) / 32 * 32; /* `attend_lanes`'s rows, rounded up */
+    /* queries, outputs, then [rows, L] weights (or `attend_lanes`'s buffer) */
+    float *buffer = malloc(sizeof(float) * (2 * rows * D + lanes * (L + 2 * D)));
     if (buffer == NULL) {
       failed = 1;
       continue;
@@ -216,8 +323,13 @@ int paged_prefill(const float *q, int64_t q_stride_row, const float *key_cache, 
     float *tile_q = buffer, *tile_out = buffer + rows * D, *weights = buffer + 2 * rows * D;
     for (int64_t i = 0; i < m; i++) /* position i0 + i's query heads of KV head h: rows i * G ... */
       memcpy(tile_q + i * G * D, q + (i0 + i) * q_stride_row + h * G * D, sizeof(float) * G * D);
-    attend(tile_q, m * G, key_cache + h * stride_head, value_cache + h * stride_head, off, L, D, scale, weights,
-           tile_out, start + i0 + 1, G);
+    const float *keys = key_cache + h * stride_head, *values = value_cache + h * stride_head;
+#ifdef PAGED_PREFILL_LANES
+    if (by_lanes)
+      attend_lanes(tile_q, m * G, keys, values, off, L, D, scale, weights, tile_out, start + i0 + 1, G);
+    else
+#endif
+      attend(tile_q, m * G, keys, values, off, L, D, scale, weights, tile_out, start + i0 + 1, G);
     for (int64_t i = 0; i < m; i++)
       memcpy(out + ((i0 + i) * Hq + h * G) * D, tile_out + i * G * D, sizeof(float) * G * D);
     free(buffer);
