@@ -192,8 +192,9 @@ int paged_decode(const float *q, int64_t q_stride_row, const float *key_cache, c
 }
 
 /* The causal attention of a prefill chunk of one sequence (`paged_prefill`), its queries taken
-   PREFILL_TILE positions at a time: a tile's rows (each position's query heads of one KV head)
-   share one pass over the keys, each row then weighting only those it sees. */
+   PREFILL_TILE positions at a time (with `attend_lanes`, as many as fill 32 rows): a tile's rows
+   (each position's query heads of one KV head) share one pass over the keys, each row then
+   weighting only those it sees. */
 enum { PREFILL_TILE = 8 };
 
 #if defined(__AVX512F__) && !defined(CONTBATCH_NATIVE_PORTABLE)
