@@ -243,7 +243,8 @@ static void attend_lanes(const float *rows_q, int64_t rows, const float *keys, c
         a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * RP + c), x, a);
         b = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * RP + c + LANES), x, b);
       }
-      _mm512_storeu_ps(w + i * RP + c, _mm512_mul_ps(a, s)), _mm512_storeu_ps(w + i * RP + c + LANES, _mm512_mul_ps(b, s));
+      _mm512_storeu_ps(w + i * RP + c, _mm512_mul_ps(a, s));
+      _mm512_storeu_ps(w + i * RP + c + LANES, _mm512_mul_ps(b, s));
     }
   }
   /* softmax down each lane: row r sees the first first_len + r / group keys (a padding row: one);
