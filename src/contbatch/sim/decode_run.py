@@ -398,14 +398,15 @@ class DecodeRun:
                 swapped_out.append((victim.request.request_id, moved))
         joining = self._joining
         for request, chunk, blocks in planned.admitted:
-            if ff.is_swapped(request):
+            if planned.swaps and ff.is_swapped(request):
                 swapped_in.append((request.request_id, ff.swap_in(request, chunk, now)))
-                self._pool_free = ff.num_free_blocks()
                 joining.append((_Prefill(request, chunk.start, blocks, 0), chunk))
             else:
                 ff.admit(request, now, blocks)
                 self.owed += blocks
                 joining.append((_Prefill(request, 0, blocks, blocks), chunk))
+        if swapped_in:
+            self._pool_free = ff.num_free_blocks()
         self.owed += planned.growth + planned.prefill_growth
         self._taken = planned
         if not (swapped_out or swapped_in):
@@ -464,8 +465,8 @@ class DecodeRun:
             victim.done = True  # its `finishing` entry is dropped when it comes up
             self.num_alive -= 1
         ff, request = self.ff, victim.request
-        if ff.swaps and not ff.hold(request, self._held_tokens(request)):
-            raise AssertionError(f"decode run: no block for {request.request_id!r} it was counted to hold")
+        if ff.swaps:
+            self._hold(request)
         moved = ff.preempt(request, now, i)
         self._pool_free = ff.num_free_blocks()
         return moved
@@ -526,11 +527,15 @@ class DecodeRun:
             running.append(self.prefill.request)
         if self._num_blocks:
             for r in running:
-                if not self.ff.hold(r, self._held_tokens(r)):
-                    raise AssertionError(f"decode run: no block for {r.request_id!r} it was counted to hold")
+                self._hold(r)
         assert self.owed == 0, f"decode run closed with {self.owed} blocks owed"
         self.ff.close(running, num_steps=k, num_padding_tokens=self.num_padding_tokens)
         return running
+
+    def _hold(self, r: Request) -> None:
+        """Take from the pool the blocks running `r` was counted to hold (its owed ones)."""
+        if not self.ff.hold(r, self._held_tokens(r)):
+            raise AssertionError(f"decode run: no block for {r.request_id!r} it was counted to hold")
 
     def _held_tokens(self, r: Request) -> int:
         """Tokens running `r` holds blocks for after the run, as stepping leaves it: its first
