@@ -72,6 +72,18 @@ def test_what_cannot_be_known_from_outside_is_not_timed() -> None:
             for s in timed_steps(ObservedRun("r", "open", {}, (later,)), BUDGET)] == [(0.01, 12)]  # fmt: skip
 
 
+def test_steps_read_at_once_by_a_stalled_client_are_not_timed() -> None:
+    """Two clusters closer than any step (apart only because a request has a chunk in both) were
+    read at once, late: the steps that begin or end at either are not timed (one would read 0.5 ms,
+    the one before 19.5 ms, where 10 ms ran)."""
+    stalled = ObservedRun("r", "open", {}, (_request("a", 0.0, (0.10, 0.11, 0.1295, 0.13, 0.14, 0.15)),))
+    found = clusters(stalled)
+    assert len(found) == 6 and [c.clean for c in found] == [True, True, False, False, True, True]
+    assert [round(s.duration_s, 3) for s in timed_steps(stalled, BUDGET)] == [0.01, 0.01]  # to 0.11 and to 0.15
+    on_time = ObservedRun("r", "open", {}, (_request("a", 0.0, (0.10, 0.11, 0.12, 0.13, 0.14, 0.15)),))
+    assert [round(s.duration_s, 3) for s in timed_steps(on_time, BUDGET)] == [0.01] * 5
+
+
 def test_a_request_seen_without_any_chunk_hides_the_steps_it_ran_in_until_it_ended() -> None:
     """A request answered 200 to `length` whose tokens decoded to no text (it happened: transformers
     serve, one prompt of the held-out plan) ran unseen: the steps of its life are not timed, and

@@ -14,11 +14,13 @@ Two methods (`METHODS`):
 - ``steps`` (the default): the server's steps read from the outside (`contbatch.observe.steps`:
   the chunks of one step arrive together, and a step's content is known when nothing was
   half-done in it) give the step terms directly, by the weighted least squares of their durations
-  (each step's relative error, every term >= 0, solved exactly as below: ``step_samples``). Then
-  each run is simulated once, at the machine speed its own timed steps ran at against those
-  terms (`step_totals`), and the delivery is the value that minimises ``J`` below with the step
-  terms held (the same least squares over the delivery alone). The probes' speeds play no part.
-  It needs `MIN_TIMED_STEPS` timed steps, else it is the other method.
+  (each step's error relative to its predicted duration, every term >= 0, solved exactly as
+  below: ``step_samples``), made robust to the steps a loaded client timed far off by
+  iteratively reweighting with Tukey's bisquare (`_robust_solve`: on exact observations, the
+  plain least squares). Then each run is simulated once, at the machine speed its own timed
+  steps ran at against those terms (`step_totals`), and the delivery is the value that minimises
+  ``J`` below with the step terms held (the same least squares over the delivery alone). The
+  probes' speeds play no part. It needs `MIN_TIMED_STEPS` timed steps, else it is the other method.
 - ``chunks``: the step terms and the delivery together, by matching every chunk time, as follows.
 
 The objective, over the completed requests ``i`` of every run used::
@@ -94,6 +96,8 @@ MAX_ITERATIONS = 12
 METHODS = ("steps", "chunks")
 MIN_TIMED_STEPS = 50  # fewer timed steps than this: `fit` by steps falls back to chunks
 TOLERANCE = 1e-3
+BISQUARE = 4.685  # Tukey's constant, in robust scales: a step timed further off than this weighs nothing
+MAX_REWEIGHTS = 30
 
 
 class FitError(ValueError):
@@ -185,6 +189,55 @@ def _solve(samples: Sequence[Sample], fixed: Mapping[int, float] | None = None) 
     return tuple(float(v) for v in best)
 
 
+def _robust_solve(samples: Sequence[Sample], fixed: Mapping[int, float]) -> tuple[float, ...]:
+    """`_solve` of timed steps (`step_samples`: durations, weighted as errors relative to the observed
+    ones) made robust to steps timed wrong (`_reweighted`), from the plain solution: first with each
+    step's error relative to its predicted duration instead (the fixed point is unbiased, where a
+    step read at a third of its length weighs nine times as much as read right), and from there
+    also with Tukey's bisquare weights, which leave out the steps read far off. On exact
+    observations every prediction is its observation: it is `_solve`'s solution."""
+    theta = _solve(samples, fixed)
+    for robust in (False, True):
+        theta = _reweighted(samples, fixed, theta, robust=robust)
+    return theta
+
+
+def _reweighted(
+    samples: Sequence[Sample], fixed: Mapping[int, float], theta: tuple[float, ...], *, robust: bool
+) -> tuple[float, ...]:
+    """Iteratively reweighted least squares from `theta`: `_solve` with each sample's weight times
+    observed / predicted at the last solution (and, `robust`, times Tukey's bisquare of its
+    log(observed / predicted), `_bisquare`), until theta moves by less than `TOLERANCE` (at most
+    `MAX_REWEIGHTS` solutions). A solution that predicts a step free is kept as it is."""
+    for _ in range(MAX_REWEIGHTS):
+        predicted = [s.predicted(theta) for s in samples]
+        if min(predicted) <= 0:
+            break
+        logs = [math.log(s.observed / p) for s, p in zip(samples, predicted, strict=True)]
+        factors = _bisquare(logs) if robust else [1.0] * len(samples)
+        new = _solve([dataclasses.replace(s, weight=s.weight * s.observed / p * f)
+                      for s, p, f in zip(samples, predicted, factors, strict=True)], fixed)  # fmt: skip
+        moved, theta = _moved(new, theta), new
+        if moved < TOLERANCE:
+            break
+    return theta
+
+
+def _bisquare(residuals: Sequence[float]) -> list[float]:
+    """Tukey's bisquare weights of `residuals`: 0 beyond `BISQUARE` robust scales (1.4826 x the
+    median |residual|, the standard deviation of normal noise), all 1 when that median is 0 (at
+    least half of them exact)."""
+    cutoff = BISQUARE * 1.4826 * statistics.median(abs(r) for r in residuals)
+    if cutoff == 0:
+        return [1.0] * len(residuals)
+    return [max(1 - (r / cutoff) ** 2, 0.0) ** 2 for r in residuals]
+
+
+def _moved(new: Sequence[float], old: Sequence[float]) -> float:
+    """The largest relative change of a term (against at least 1e-6)."""
+    return max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(new, old, strict=True))
+
+
 def objective(samples: Sequence[Sample], theta: Sequence[float]) -> float:
     return math.fsum((s.weight * (s.predicted(theta) - s.observed)) ** 2 for s in samples)
 
@@ -267,7 +320,8 @@ def fit(
 
 def step_samples(runs: Sequence[ObservedRun], config: SchedulerConfig) -> list[Sample]:
     """Every timed step of `runs` (`contbatch.observe.steps`) as a sample: its duration against
-    its features, weighted as a relative error, the decode-only steps together as much as those
+    its features, weighted as an error relative to it (`_robust_solve` makes it relative to the
+    predicted duration), the decode-only steps together as much as those
     with a prefill (these are a few percent of the steps, and decide every TTFT)."""
     steps = [(run.name, step) for run in runs for step in timed_steps(run, config.max_num_batched_tokens)]
     with_prefill = sum(1 for _, step in steps if step.out.num_prefill_tokens)
@@ -286,7 +340,7 @@ def _fit_by_steps(
 ) -> FitResult:
     """The step terms from the timed steps' least squares; then, each run simulated at its own
     machine speed against them (`step_totals`), the delivery from its chunks' least squares."""
-    step_terms = Terms(*_solve(steps, {DELIVERY: 0.0}))
+    step_terms = Terms(*_robust_solve(steps, {DELIVERY: 0.0}))
     speeds = {run.name: whole_speed(step_totals(run, step_terms.cost(), config.max_num_batched_tokens))
               for run in runs}  # fmt: skip
     _, samples = _simulate(runs, config, step_terms, scheduler, speeds)
@@ -312,8 +366,7 @@ def _iterate(
         if len(history) > MAX_ITERATIONS:
             break
         new = Terms(*_solve(samples))
-        moved = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(new.theta, terms.theta, strict=True))
-        terms = new
+        moved, terms = _moved(new.theta, terms.theta), new
         if moved < TOLERANCE:
             _, samples = _simulate(runs, config, terms, scheduler, speeds)
             history.append((objective(samples, terms.theta), terms, samples))
