@@ -21,6 +21,8 @@
 # With the checks before (nvidia-smi 15 s, torch.cuda 20 s), 5 s of grace per step and the JSON
 # after (20 s), the whole run stays under 8 minutes (460 s) even when every step hits its limit.
 # GPU_CHECK_JSON=PATH writes the results there instead of benchmarks/results/gpu_check.json.
+# GPU_CHECK_LOGS=DIR keeps the steps' files (JUnit XML, server logs, bench results) as
+# DIR/gpu_check_work.tgz: a GPU is often lent for one run, and a failure must be readable after it.
 #
 # Without a GPU it runs nothing, prints "NOT RUN" and exits 2; it never writes the results file
 # then. Exit 0: every step passed; 1: a step failed or timed out (the JSON says which).
@@ -70,7 +72,13 @@ else
 fi
 
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+keep_work() {  # on exit: the steps' files to $GPU_CHECK_LOGS (if set), then away
+  if [[ -n ${GPU_CHECK_LOGS:-} ]]; then
+    mkdir -p "$GPU_CHECK_LOGS" && tar -czf "$GPU_CHECK_LOGS/gpu_check_work.tgz" -C "$WORK" . || true
+  fi
+  rm -rf "$WORK"
+}
+trap keep_work EXIT
 : >"$WORK/steps.tsv"
 START=$SECONDS
 

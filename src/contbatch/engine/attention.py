@@ -31,6 +31,13 @@ cached keys from position `start - w + 1` on, each with a mask of the window (a 
 at 0 and fits in the window keeps plain causal attention). Blocks that fell out of every window
 stay allocated (the KV cache manager is not told).
 
+Kernels on CUDA: `attention_kernels` limits scaled-dot-product attention to backends whose
+kernels are built ahead (flash, memory-efficient, math). PyTorch's first choice for half
+precision on Hopper, cuDNN's, builds an execution plan for each new shape, and a server meets a
+new shape at almost every step (prompt lengths, growing decode contexts): on an H200,
+`benchmarks/gpu_dtypes.py`'s bfloat16 work took 11.6 s on its first run and 0.45 s on a rerun of
+the same shapes.
+
 Invariants: the new tokens' K/V are written to the cache before any read, so a chunk sees its own
 keys; a slot is written by at most one token per step; no query row is fully masked (a window
 always holds the query's own position).
@@ -38,12 +45,14 @@ always holds the query's own position).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from contbatch.engine.native import paged_decode, paged_prefill
 
@@ -267,6 +276,22 @@ def windowed(meta: AttentionMetadata, window: int | None) -> AttentionMetadata:
     groups = tuple(_build_decode_group(g, bs, device, window) for g in _decode_groups(meta.layouts))
     prefills = tuple(_build_prefill(c, bs, device, window) for c in meta.layouts if c.num_tokens > 1)
     return dataclasses.replace(meta, decode_groups=groups, prefills=prefills, window=window)
+
+
+# scaled-dot-product backends whose kernels need no per-shape build (module docstring); None: torch's choice
+CUDA_ATTENTION_BACKENDS: tuple[SDPBackend, ...] | None = (
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+)
+
+
+def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Around a forward pass: on CUDA, scaled-dot-product attention restricted to
+    `CUDA_ATTENTION_BACKENDS`; elsewhere nothing changes."""
+    if device.type != "cuda" or CUDA_ATTENTION_BACKENDS is None:
+        return contextlib.nullcontext()
+    return sdpa_kernel(list(CUDA_ATTENTION_BACKENDS))
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from contbatch.engine.attention import AttentionMetadata, paged_attention, windowed
+from contbatch.engine.attention import AttentionMetadata, attention_kernels, paged_attention, windowed
 from contbatch.engine.device import resolve_device
 from contbatch.engine.host_memory import retain_freed_memory
 from contbatch.engine.kv_cache import PagedKVCache
@@ -220,10 +220,11 @@ class LlamaModel:
         windows = self.spec.layer_windows or (None,) * len(self.layers)
         metas = {w: windowed(meta, w) for w in set(windows)}
         delta: torch.Tensor | None = None  # what the residual stream adds next
-        for i, layer in enumerate(self.layers):
-            m = metas[windows[i]]
-            delta = self._attention(self._add_norm(h, delta, layer.input_norm), layer, rope, m, kv_cache.layer(i))
-            delta = self._mlp(self._add_norm(h, delta, layer.post_norm), layer)
+        with attention_kernels(self.device):
+            for i, layer in enumerate(self.layers):
+                m = metas[windows[i]]
+                delta = self._attention(self._add_norm(h, delta, layer.input_norm), layer, rope, m, kv_cache.layer(i))
+                delta = self._mlp(self._add_norm(h, delta, layer.post_norm), layer)
         rows = meta.sample_indices  # the last residual add, for the sampled rows only
         last = None if delta is None else delta.index_select(0, rows)
         return self._logits(self._add_norm(h.index_select(0, rows), last, self.final_norm), greedy_out).float()
