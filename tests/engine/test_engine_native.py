@@ -182,11 +182,12 @@ def test_silu_mul_is_the_gated_activation(rows: int) -> None:
 
 
 @pytest.mark.parametrize(("out_features", "in_features"), [(640, 384), (100, 40), (16, 1), (5, 7)])
-@pytest.mark.parametrize("rows", [0, 1, 5, 6, 13, 300])
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 13, 16, 32, 300, 1500])
 @pytest.mark.usefixtures("kernel_build")
 def test_panel_product_is_the_matrix_product(out_features: int, in_features: int, rows: int) -> None:
-    """Full panels of 16 columns and a narrower last one; row tiles of 6 and every remainder; both
-    builds (the AVX2 loops, and the portable ones)."""
+    """Full panels of 16 columns and a narrower last one, pairs of panels and an odd one left; row
+    tiles of 6 (AVX2) or 14 (AVX-512) and every remainder; 1,500 rows of 384 inputs: three row
+    blocks; both builds (the machine's vector loops, and the portable ones)."""
     torch.manual_seed(out_features + rows)
     weight = torch.randn(out_features, in_features) * in_features**-0.5  # (outputs of about 1, as a model's)
     x = torch.randn(rows, in_features)

@@ -4,12 +4,13 @@
 reads, and `linear(x, packed, bias)` is `x @ w.T + bias` on it. The layouts (`PACKERS`; the one
 `weight_layout` picks):
 
-- `panels`, float32 on a CPU whose native kernels run with AVX2 and FMA and that has no AVX-512
-  (whose wider vectors oneDNN would use; `contbatch.engine.native`, `gemm.c`): columns in panels
-  of 16, a 1-D tensor of out x in floats, multiplied by the native kernel, tiles of 6 rows x 16
-  columns in registers. On the demo model's shapes it runs near the machine's matmul peak,
-  1.1-2 x oneDNN's packed product at 8-2,048 rows and 2-3 x at one row (a row through the LM head: as
-  fast as MKL's matrix-vector product from a plain copy, which this layout does not keep).
+- `panels`, float32 on a CPU whose native kernels run with AVX2 and FMA (`contbatch.engine.native`,
+  `gemm.c`): columns in panels of 16, a 1-D tensor of out x in floats, multiplied by the native
+  kernel, tiles of 6 rows x 16 columns in registers (with AVX-512, 14 rows x two panels). On the
+  demo model's shapes it runs near the machine's matmul peak, 1.1-2 x oneDNN's packed product at
+  8-2,048 rows and 2-3 x at one row on AVX2 CPUs (a row through the LM head: as fast as MKL's
+  matrix-vector product from a plain copy, which this layout does not keep); on an AVX-512 CPU
+  1.0-1.3 x at 32 rows, 0.9-0.95 x at 2,048.
 - `onednn`, float32 on a CPU build with oneDNN elsewhere: the weight reordered once into oneDNN's
   blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, an opaque mkldnn tensor of logical
   shape [out, in]) and multiplied by `torch.ops.mkldnn._linear_pointwise`, as torch inductor's

@@ -21,7 +21,7 @@ decoder layer's elementwise steps fused, and matrix products against weights pac
   prefill's thousands, their passes over memory and their temporaries).
 - `pack_panels`, `panel_product` (`gemm.c`): weights in 16-column panels and their product, the
   `panels` layout of `contbatch.engine.linear` where `panel_packing()` says it is the faster
-  (AVX2 and FMA, no AVX-512).
+  (AVX2 and FMA; with AVX-512, two panels at a time in 512-bit registers).
 
 They are C compiled on first use by the machine's compiler (`$CC`, else `cc`) with `FLAGS`
 (`-O3 -march=native -fopenmp`, ...) into one library, called through ctypes. `native_library()`
@@ -326,8 +326,8 @@ def rotate_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bo
 
 
 def panel_packing() -> bool:
-    """Whether weights are best packed in panels here: the kernels run, with their AVX2 and FMA
-    loops, on a CPU without AVX-512 (`gemm.c`'s `gemm_preferred`; elsewhere oneDNN's packed
+    """Whether weights are best packed in panels here: the kernels run with their AVX2 and FMA
+    loops, or their AVX-512 ones (`gemm.c`'s `gemm_preferred`; elsewhere oneDNN's packed
     products are the faster)."""
     library = native_library()
     return library is not None and library.gemm_preferred() == 1

@@ -65,7 +65,8 @@ void rotate_in_place(float *x, int64_t row_stride, const float *cos, const float
 #pragma clang fp contract(off)
 #endif
   const int64_t half = d / 2;
-#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(num_threads) if (rows * heads * d >= PARALLEL_ELEMENTS)
+#pragma omp parallel for schedule(dynamic, ROWS_PER_GRAB) num_threads(num_threads) \
+    if (rows * heads * d >= PARALLEL_ELEMENTS)
   for (int64_t r = 0; r < rows; r++) {
     const float *c = cos + r * trig_stride, *s = sin + r * trig_stride;
     for (int64_t h = 0; h < heads; h++) {

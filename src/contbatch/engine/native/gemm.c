@@ -6,16 +6,20 @@
    c[M, N] = a[M, K] . w^T (a's rows lda floats apart, K contiguous; c contiguous): each panel,
    read once from memory and kept in cache, is multiplied by every tile of 6 rows of a, the tile's
    6 x 16 sums held in twelve AVX2 registers over all of K (each product's terms added in k order,
-   fused multiply-adds). Panels go PANELS_PER_GRAB at a time to whichever of `num_threads` OpenMP
-   threads (torch's, as for the other kernels) is free: a thread that loses its core to another
-   process (a server's HTTP side, its client) holds up its own panels only, where a static split
-   made every other thread wait for its half. Given `argmax`, gemm_panels also finds each row's
-   first maximum (panel_best: each panel's columns scanned right after its tile is stored, while
-   they are in cache; the threads' results merged after), which a greedy step would otherwise
-   read the whole [M, N] product again for. gemm_preferred() says whether the engine should pack
-   its weights this way: this build has the AVX2 and FMA loops, and the CPU has no AVX-512 (where
-   oneDNN's products use vectors twice as wide). Without AVX2 gemm_panels runs plain loops, right
-   but slow. */
+   fused multiply-adds). With AVX-512, two adjacent panels go together (tile32: 14 rows x 32
+   columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k), and the
+   tile's first rows prefetch the next pair into L2 meanwhile. a's rows go ROW_BLOCK_FLOATS at a
+   time (a block stays in a core's L2 while every panel passes; a prefill's thousands of rows do
+   not fit), so a panel is read once per block. Work is handed out by (row block, pair of
+   panels), PANELS_PER_GRAB panels at a time, to whichever of `num_threads` OpenMP threads
+   (torch's, as for the other kernels) is free: a thread that loses its core to another process
+   (a server's HTTP side, its client) holds up its own panels only, where a static split made
+   every other thread wait for its half. Given `argmax`, gemm_panels also finds each row's first
+   maximum (panel_best: each pair's columns scanned right after its tile is stored, while they
+   are in cache; the threads' results merged after), which a greedy step would otherwise read
+   the whole [M, N] product again for. gemm_preferred() says whether the engine should pack its
+   weights this way: this build has the AVX2 and FMA loops (with AVX-512 or without). Without
+   AVX2 gemm_panels runs plain loops, right but slow. */
 
 #include <omp.h>
 #include <stdint.h>
@@ -26,9 +30,12 @@
 #endif
 
 enum { NR = 16, MR = 6, PANELS_PER_GRAB = 4 }; /* 4 panels: a run of memory the prefetchers stream */
+#ifndef ROW_BLOCK_FLOATS
+#define ROW_BLOCK_FLOATS 262144 /* 1 MB of a's rows: half a core's L2 on the machines measured */
+#endif
 
 int gemm_preferred(void) {
-#if defined(GEMM_AVX2) && !defined(__AVX512F__)
+#if defined(GEMM_AVX2)
   return 1;
 #else
   return 0;
@@ -96,6 +103,66 @@ static void panel_rows(const float *a, int64_t lda, const float *panel, int64_t 
 }
 #endif
 
+#if defined(GEMM_AVX2) && defined(__AVX512F__)
+#define GEMM_AVX512 1
+/* Two adjacent full panels at once (32 columns, two registers a row) for up to 14 rows: 28
+   accumulators; per k, 2 panel loads and 14 broadcasts feed 28 fused multiply-adds, so the
+   multiply-adds bound the loop, not the loads (one panel of 16 rows: 17 loads for 16). */
+enum { MR512 = 14 };
+#define Z_DECLARE(r) __m512 z##r##0 = _mm512_setzero_ps(), z##r##1 = _mm512_setzero_ps();
+#define Z_MULTIPLY(r)                                     \
+  if (rows > r) {                                         \
+    const __m512 x = _mm512_set1_ps(a[r * lda + k]);      \
+    z##r##0 = _mm512_fmadd_ps(x, b0, z##r##0);            \
+    z##r##1 = _mm512_fmadd_ps(x, b1, z##r##1);            \
+  }
+#define Z_STORE(r)                                        \
+  if (rows > r) {                                         \
+    _mm512_storeu_ps(c + r * ldc, z##r##0);               \
+    _mm512_storeu_ps(c + r * ldc + NR, z##r##1);          \
+  }
+#define Z_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+
+/* tile16 for the panels at `panel` and `panel + 16 K` together (c's columns [0, 32)), rows <= 14
+   and `fetch` constants where it is inlined; each sum's terms in k order, as tile16's. With
+   `fetch`, the pair after this one (`ahead`, next in memory) is prefetched into L2 meanwhile: a
+   step's weights stream from memory, and the hardware prefetchers alone left the loop waiting. */
+static inline __attribute__((always_inline)) void tile32(const float *a, int64_t lda, const float *panel, int64_t K,
+                                                         float *c, int64_t ldc, const int rows, const int fetch) {
+  const float *next = panel + NR * K, *ahead = panel + 2 * NR * K;
+  Z_ALL(Z_DECLARE)
+  for (int64_t k = 0; k < K; k++) {
+    const __m512 b0 = _mm512_loadu_ps(panel + k * NR), b1 = _mm512_loadu_ps(next + k * NR);
+    if (fetch) {
+      _mm_prefetch((const char *)(ahead + k * NR), _MM_HINT_T1);
+      _mm_prefetch((const char *)(ahead + NR * K + k * NR), _MM_HINT_T1);
+    }
+    Z_ALL(Z_MULTIPLY)
+  }
+  Z_ALL(Z_STORE)
+}
+
+#define Z_CASE(r) \
+  case r: tile32(am, lda, panel, K, cm, ldc, r, m == 0); break;
+
+/* panel_rows for two adjacent full panels */
+static void pair_rows(const float *a, int64_t lda, const float *panel, int64_t K, float *c, int64_t ldc, int64_t M) {
+  int64_t m = 0;
+  if (M >= MR512) { /* the first tile also fetches the next pair */
+    tile32(a, lda, panel, K, c, ldc, MR512, 1);
+    m = MR512;
+  }
+  for (; m + MR512 <= M; m += MR512) tile32(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR512, 0);
+  const float *am = a + m * lda;
+  float *cm = c + m * ldc;
+  switch (M - m) { /* (each case inlines tile32 for its row count) */
+    Z_CASE(1) Z_CASE(2) Z_CASE(3) Z_CASE(4) Z_CASE(5) Z_CASE(6)
+    Z_CASE(7) Z_CASE(8) Z_CASE(9) Z_CASE(10) Z_CASE(11) Z_CASE(12) Z_CASE(13)
+    default: break;
+  }
+}
+#endif
+
 /* Each row's first maximum over the columns [first, first + width) of c, merged into (value[r],
    column[r]) (column -1: none yet); a NaN counts as larger than any number, and the first NaN
    is kept (torch.argmax's rules). Columns must arrive in increasing order for one (value,
@@ -127,11 +194,28 @@ static void panel_best(const float *c, int64_t ldc, int64_t M, int64_t first, in
   }
 }
 
+/* c's columns of panel q (of N; a's rows M) */
+static void one_panel(const float *a, int64_t lda, const float *packed, int64_t K, float *c, int64_t N, int64_t M,
+                      int64_t q) {
+  const int64_t first = q * NR, width = N - first < NR ? N - first : NR;
+  const float *panel = packed + first * K;
+#ifdef GEMM_AVX2
+  if (width == NR) {
+    panel_rows(a, lda, panel, K, c + first, N, M);
+    return;
+  }
+#endif
+  tile_portable(a, lda, panel, K, width, c + first, N, M);
+}
+
 /* 0, or -1 when `argmax` was asked for and its scratch could not be allocated (c is then the
    product, argmax untouched). */
 int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
                 int num_threads, int64_t *argmax) {
-  const int64_t panels = (N + NR - 1) / NR;
+  const int64_t panels = (N + NR - 1) / NR, pairs = (panels + 1) / 2;
+  /* rows of a that stay in a core's cache while it multiplies them by the panels (ROW_BLOCK_FLOATS of a) */
+  const int64_t fit = ROW_BLOCK_FLOATS / (K > 0 ? K : 1), rows_per_block = fit > 14 ? fit - fit % 14 : 14;
+  const int64_t blocks = M > 0 ? (M + rows_per_block - 1) / rows_per_block : 0;
   /* with argmax: one (value, column) per row and thread, merged after the products */
   float *values = argmax == NULL ? NULL : malloc(sizeof(float) * M * num_threads);
   int64_t *columns = argmax == NULL ? NULL : malloc(sizeof(int64_t) * M * num_threads);
@@ -145,17 +229,19 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
 #pragma omp parallel num_threads(num_threads)
   {
     const int t = omp_get_thread_num();
-#pragma omp for schedule(dynamic, PANELS_PER_GRAB)
-    for (int64_t p = 0; p < panels; p++) {
-      const int64_t first = p * NR, width = N - first < NR ? N - first : NR;
-      const float *panel = packed + first * K;
-#ifdef GEMM_AVX2
-      if (width == NR)
-        panel_rows(a, lda, panel, K, c + first, N, M);
+#pragma omp for schedule(dynamic, PANELS_PER_GRAB / 2)
+    for (int64_t i = 0; i < blocks * pairs; i++) { /* row block by row block, each over all pairs */
+      const int64_t m0 = i / pairs * rows_per_block, rows = M - m0 < rows_per_block ? M - m0 : rows_per_block;
+      const int64_t p = 2 * (i % pairs), first = p * NR, width = N - first < 2 * NR ? N - first : 2 * NR;
+      const float *am = a + m0 * lda;
+      float *cm = c + m0 * N;
+#if defined(GEMM_AVX512)
+      if (width == 2 * NR)
+        pair_rows(am, lda, packed + first * K, K, cm + first, N, rows);
       else
 #endif
-        tile_portable(a, lda, panel, K, width, c + first, N, M);
-      if (columns != NULL) panel_best(c, N, M, first, width, values + t * M, columns + t * M);
+        for (int64_t q = p; q < p + 2 && q < panels; q++) one_panel(am, lda, packed, K, cm, N, rows, q);
+      if (columns != NULL) panel_best(cm, N, rows, first, width, values + t * M + m0, columns + t * M + m0);
     }
   }
   if (argmax == NULL) return 0;
