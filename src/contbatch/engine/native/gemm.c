@@ -7,8 +7,8 @@
    read once from memory and kept in cache, is multiplied by every tile of 6 rows of a, the tile's
    6 x 16 sums held in twelve AVX2 registers over all of K (each product's terms added in k order,
    fused multiply-adds). With AVX-512, two adjacent panels go together (tile32: 14 rows x 32
-   columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k), and the
-   tile's first rows prefetch the next pair into L2 meanwhile. a's rows go ROW_BLOCK_FLOATS at a
+   columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k), and each
+   pair's first tile prefetches the next pair into L2 meanwhile. a's rows go ROW_BLOCK_FLOATS at a
    time (a block stays in a core's L2 while every panel passes; a prefill's thousands of rows do
    not fit), so a panel is read once per block. Work is handed out by (row block, pair of
    panels), PANELS_PER_GRAB panels at a time, to whichever of `num_threads` OpenMP threads
@@ -30,9 +30,8 @@
 #endif
 
 enum { NR = 16, MR = 6, PANELS_PER_GRAB = 4 }; /* 4 panels: a run of memory the prefetchers stream */
-#ifndef ROW_BLOCK_FLOATS
-#define ROW_BLOCK_FLOATS 262144 /* 1 MB of a's rows: half a core's L2 on the machines measured */
-#endif
+/* a row block: about 1 MB of a (half a core's L2 on the machines measured), whole tiles of 6 and of 14 rows */
+enum { ROW_BLOCK_FLOATS = 262144, BLOCK_ROWS_MULTIPLE = 42 };
 
 int gemm_preferred(void) {
 #if defined(GEMM_AVX2)
@@ -213,8 +212,9 @@ static void one_panel(const float *a, int64_t lda, const float *packed, int64_t 
 int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
                 int num_threads, int64_t *argmax) {
   const int64_t panels = (N + NR - 1) / NR, pairs = (panels + 1) / 2;
-  /* rows of a that stay in a core's cache while it multiplies them by the panels (ROW_BLOCK_FLOATS of a) */
-  const int64_t fit = ROW_BLOCK_FLOATS / (K > 0 ? K : 1), rows_per_block = fit > 14 ? fit - fit % 14 : 14;
+  /* rows of a that stay in a core's cache while it multiplies them by the panels */
+  const int64_t fit = ROW_BLOCK_FLOATS / (K > 0 ? K : 1);
+  const int64_t rows_per_block = fit > BLOCK_ROWS_MULTIPLE ? fit - fit % BLOCK_ROWS_MULTIPLE : BLOCK_ROWS_MULTIPLE;
   const int64_t blocks = M > 0 ? (M + rows_per_block - 1) / rows_per_block : 0;
   /* with argmax: one (value, column) per row and thread, merged after the products */
   float *values = argmax == NULL ? NULL : malloc(sizeof(float) * M * num_threads);
