@@ -134,7 +134,8 @@ def main() -> None:
     ap.add_argument("--worker", nargs=2, metavar=("SIDE", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker[:1], args.device, args.worker[1], args.prompts, args.new_tokens)))
+        side, dtype = args.worker
+        print(json.dumps(worker(side, args.device, dtype, args.prompts, args.new_tokens)))
         return
     doc: dict[str, object] = {"device": args.device, "prompts": args.prompts, "new_tokens": args.new_tokens,
                               "sets": SETS, "torch": torch.__version__, "results": {}}  # fmt: skip
