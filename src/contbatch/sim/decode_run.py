@@ -36,6 +36,7 @@ one member is prefilling, and it is the newest.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Iterable, MutableMapping
 from typing import NamedTuple
@@ -411,7 +412,7 @@ class DecodeRun:
         self._taken = planned
         if not (swapped_out or swapped_in):
             return planned.shape
-        return _with_swaps(planned.shape, tuple(swapped_out), tuple(swapped_in))
+        return dataclasses.replace(planned.shape, swapped_out=tuple(swapped_out), swapped_in=tuple(swapped_in))
 
     def commit(self, end_ts: float) -> None:
         """Take the step started by the last `take`, ending at `end_ts`."""
@@ -626,27 +627,6 @@ class _Shortage:
         if isinstance(x, _Prefill):
             return x.request.num_output_tokens
         return x.request.num_output_tokens + self.i - x.first
-
-
-Swaps = tuple[tuple[str, tuple[int, ...]], ...]  # (request id, device block ids), as in `SchedulerOutput`
-
-
-def _with_swaps(shape: SchedulerOutput, swapped_out: Swaps, swapped_in: Swaps) -> SchedulerOutput:
-    """`shape` with the blocks its preemptions moved to host memory and its admissions back."""
-    return SchedulerOutput(
-        shape.step_id,
-        shape.chunks,
-        shape.num_batched_tokens,
-        shape.num_prefill_tokens,
-        shape.num_decode_tokens,
-        shape.num_context_tokens,
-        shape.num_padding_tokens,
-        preempted_ids=shape.preempted_ids,
-        swapped_out=swapped_out,
-        swapped_in=swapped_in,
-        num_requests=shape.num_requests,
-        num_omitted_decodes=shape.num_omitted_decodes,
-    )
 
 
 def open_run(ff: FastForward, stop_after: MutableMapping[str, int], *, admits_arrivals: bool) -> DecodeRun:
