@@ -4,7 +4,7 @@
 
 Servers, each started here on 127.0.0.1 as a child process (`contbatch.bench.servers`), on the
 demo checkpoint (`contbatch.engine.demo.ensure_demo_model`, float32, CPU, ``--threads`` threads
-through OMP/MKL_NUM_THREADS):
+through OMP/MKL_NUM_THREADS; ``--device cuda`` puts contbatch and transformers serve on a GPU):
 
 - ``contbatch``: `contbatch serve --backend engine --kv-cache-memory MIB --set
   max_num_batched_tokens=BUDGET`, MIB being ``--kv-tokens`` tokens of KV, and the serving flags of
@@ -209,6 +209,7 @@ class Setup:
     baseline_src: Path | None = None  # the baseline commit's exported src (--baseline)
     contbatch_flags: tuple[str, ...] = ()  # the `contbatch` server's serving flags
     baseline_flags: tuple[str, ...] = ()  # the `baseline` server's
+    device: str = "cpu"  # contbatch's and transformers serve's (llama.cpp runs on the CPU)
 
 
 def kv_mib_for(kv_tokens: int, bytes_per_token: int) -> int:
@@ -250,7 +251,7 @@ def server_argv(name: str, setup: Setup, port: int) -> list[str]:
     model = str(setup.model)
     if name in ("contbatch", "baseline"):
         return contbatch_argv("serve", "--backend", "engine", "--model", model, "--served-model-name", model,
-                              "--device", "cpu", "--dtype", "float32", "--kv-cache-memory", str(setup.kv_mib),
+                              "--device", setup.device, "--dtype", "float32", "--kv-cache-memory", str(setup.kv_mib),
                               "--set", f"max_num_batched_tokens={setup.budget}",
                               *(setup.contbatch_flags if name == "contbatch" else setup.baseline_flags),
                               port=port)  # fmt: skip
@@ -262,6 +263,7 @@ def server_argv(name: str, setup: Setup, port: int) -> list[str]:
             max_batch_tokens=setup.budget,
             block_size=PEER_BLOCK,
             dtype="float32",
+            device=setup.device,
         )
     return [str(setup.llama_server), "-m", str(setup.gguf), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(LLAMA_SLOTS), "-cb", "-c", str(LLAMA_CTX), "-t", str(setup.threads)]  # fmt: skip
@@ -598,6 +600,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-tokens", type=int, default=32768, help="KV capacity of each server, in tokens")
     parser.add_argument("--token-budget", type=int, default=2048, help="tokens per step (both servers)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="contbatch's and transformers serve's: cpu or cuda")
     parser.add_argument("--contbatch-flags", default=CONTBATCH_FLAGS,
                         help=f"the contbatch server's serving flags (default {CONTBATCH_FLAGS!r})")  # fmt: skip
     parser.add_argument("--baseline-flags", default="", help="the baseline server's serving flags (default none)")
@@ -658,7 +661,7 @@ def run(argv: list[str] | None = None) -> int:
     baseline = export_baseline(args.baseline, args.work_dir) if args.baseline else None
     setup = Setup(model, args.kv_tokens, kv_mib, args.token_budget, args.threads, args.llama_server, args.gguf,
                   args.work_dir, baseline, tuple(shlex.split(args.contbatch_flags)),
-                  tuple(shlex.split(args.baseline_flags)))  # fmt: skip
+                  tuple(shlex.split(args.baseline_flags)), args.device)  # fmt: skip
     items = workloads(args.quick)
     traces = write_traces(items, model, args.work_dir)
     names, notes = available(args, setup)
@@ -688,6 +691,7 @@ def run(argv: list[str] | None = None) -> int:
             "kv_cache_mib": kv_mib,
             "token_budget": args.token_budget,
             "threads": args.threads,
+            "device": args.device,
             "peer_block": PEER_BLOCK,
             "llama_slots": LLAMA_SLOTS,
             "llama_ctx": LLAMA_CTX,

@@ -37,6 +37,7 @@ from contbatch.engine.demo import train_tokenizer, write_tokenizer
 from contbatch.engine.device import resolve_device
 from contbatch.engine.kv_cache import PagedKVCache, bytes_per_block
 from contbatch.engine.llm_engine import EngineConfig, LLMEngine
+from contbatch.engine.load import warm_up
 from contbatch.engine.loader import load_spec
 from contbatch.engine.runner import ModelRunner, SequenceState
 from contbatch.loop.params import SamplingParams
@@ -225,6 +226,32 @@ def test_llm_engine_generate_equals_transformers_on_the_device(
     stats = engine.scheduler.stats
     assert (stats.num_swap_outs > 0) == (preemption == "swap")
     assert engine.runner.kv_cache.swapped_ids == ()
+
+
+def test_the_warm_up_leaves_no_trace(checkpoint: Path, device: torch.device) -> None:
+    """`warm_up` (on CUDA when the engine loads; run here on every device) writes its steps' KV into
+    blocks no request holds yet: the engine then serves as if it had not run."""
+    spec = load_spec(checkpoint)
+    config = EngineConfig(
+        model=str(checkpoint),
+        device=str(device),
+        dtype="float32",
+        kv_cache_memory=40 * bytes_per_block(spec, 16, torch.float32),
+        scheduler=SchedulerConfig(max_num_batched_tokens=48, max_num_seqs=8, kv=KVConfig()),
+    )
+    engine = LLMEngine(config)
+    cache = engine.runner.kv_cache.layer(0)[0]
+    assert bool(cache.abs().sum() > 0) == (device.type == "cuda")  # the engine warmed up on CUDA only
+    warm_up(engine.runner, engine.scheduler.config, devices=(device.type,))
+    assert bool(cache.abs().sum() > 0)
+    prompts = [random_prompt(n, 211, seed=30 + n) for n in (7, 30)]
+    params = dataclasses.replace(GREEDY, max_tokens=NUM_NEW)
+    requests = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished():
+        engine.step()
+    model = _hf(checkpoint, device, torch.float32)
+    for prompt, request in zip(prompts, requests, strict=True):
+        assert list(request.output_token_ids) == _hf_greedy(model, prompt)
 
 
 def test_paged_kv_cache_swaps_on_the_device(checkpoint: Path, device: torch.device) -> None:

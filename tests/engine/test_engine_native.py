@@ -57,8 +57,9 @@ def _step(
 
 @pytest.fixture(params=["this CPU", "portable"])
 def kernel_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each build of the kernels in turn: for this CPU (the attention's AVX2 loops here, for head
-    dims that are multiples of 8), and its portable loops alone (what other CPUs run), put in its place."""
+    """Each build of the kernels in turn: for this CPU (the decode attention's AVX-512 loops for head
+    dims that are multiples of 16 where the CPU has them, its AVX2 loops for other multiples of 8),
+    and its portable loops alone (what other CPUs run), put in its place."""
     if request.param == "portable":
         portable = load_library((*FLAGS, "-DCONTBATCH_NATIVE_PORTABLE"))
         monkeypatch.setattr(native, "native_library", lambda: portable)
@@ -80,7 +81,7 @@ def _in_place_and_gathered(
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (32, 8), (12, 1), (8, 8)])
-@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (80, 1), (128, 32), (6, 4)])
+@pytest.mark.parametrize(("head_dim", "block_size"), [(64, 16), (80, 1), (128, 32), (40, 16), (6, 4)])
 @pytest.mark.parametrize("window", [None, 37])
 @pytest.mark.usefixtures("kernel_build")
 def test_the_kernel_equals_the_torch_path(

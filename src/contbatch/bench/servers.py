@@ -48,12 +48,13 @@ def transformers_serve_argv(
     max_batch_tokens: int,
     block_size: int | None = None,
     dtype: str | None = None,
+    device: str = "cpu",
 ) -> list[str]:
-    """``transformers serve MODEL --continuous-batching`` on the CPU with its paged cache given
+    """``transformers serve MODEL --continuous-batching`` on `device` with its paged cache given
     (`num_blocks` of `block_size` tokens: sized from memory, its set-up takes long on a CPU) and
     its token budget per step (`max_batch_tokens`)."""
     argv = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--continuous-batching",
-            "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--cb-num-blocks", str(num_blocks),
+            "--device", device, "--host", "127.0.0.1", "--port", str(port), "--cb-num-blocks", str(num_blocks),
             "--cb-max-batch-tokens", str(max_batch_tokens), "--log-level", "warning"]  # fmt: skip
     if block_size is not None:
         argv += ["--cb-block-size", str(block_size)]

@@ -20,7 +20,7 @@ from pathlib import Path
 from contbatch.core import Request, SchedulerConfig, make_scheduler
 from contbatch.core.config import KVConfig
 from contbatch.engine.executor import ModelExecutor
-from contbatch.engine.load import DEFAULT_KV_CACHE_MEMORY, LoadedModel, fit_scheduler, load_model
+from contbatch.engine.load import DEFAULT_KV_CACHE_MEMORY, LoadedModel, fit_scheduler, load_model, warm_up
 from contbatch.engine.runner import ModelRunner
 from contbatch.engine.tokenizer import Tokenizer
 from contbatch.loop import EngineCore, Intake, RequestOutput, SamplingParams, StepObserver, TextStream, WallClock
@@ -66,7 +66,10 @@ class LLMEngine:
             )
         )
         runner = self.model.runner
-        self.scheduler = make_scheduler(config.scheduler_kind, fit_scheduler(config.scheduler, runner))
+        fitted = fit_scheduler(config.scheduler, runner)
+        if share is None:
+            warm_up(runner, fitted)
+        self.scheduler = make_scheduler(config.scheduler_kind, fitted)
         kv = self.scheduler.config.kv
         self.intake = Intake(
             encode=self.tokenizer.encode,

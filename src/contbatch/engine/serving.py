@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from contbatch.core.config import SchedulerConfig
 from contbatch.engine.executor import ModelExecutor
-from contbatch.engine.load import DEFAULT_KV_CACHE_MEMORY, LoadedModel, fit_scheduler, load_model
+from contbatch.engine.load import DEFAULT_KV_CACHE_MEMORY, LoadedModel, fit_scheduler, load_model, warm_up
 from contbatch.engine.prompt_bound import bytes_per_token, min_tokens
 from contbatch.engine.tokenizer import Tokenizer
 
@@ -72,10 +72,15 @@ def make_server_backend(
     step (some 100 context switches a step; steps 30-50 % slower on 2 cores).
     """
     block_size = config.kv.block_size if config.kv is not None else 16
-    loaded = in_passing_thread(
-        lambda: load_model(model, kv_cache_memory=kv_cache_memory, block_size=block_size, device=device, dtype=dtype)
-    )
-    return EngineBackend(loaded, fit_scheduler(config, loaded.runner), served_model_name or loaded.path.name)
+
+    def load() -> tuple[LoadedModel, SchedulerConfig]:
+        loaded = load_model(model, kv_cache_memory=kv_cache_memory, block_size=block_size, device=device, dtype=dtype)
+        fitted = fit_scheduler(config, loaded.runner)
+        warm_up(loaded.runner, fitted)
+        return loaded, fitted
+
+    loaded, fitted = in_passing_thread(load)
+    return EngineBackend(loaded, fitted, served_model_name or loaded.path.name)
 
 
 def in_passing_thread(call: Callable[[], T]) -> T:

@@ -15,9 +15,11 @@
    process's OpenMP runtime, which torch has loaded, so its threads are torch's own (the loader
    checks that). Each task finds where its keys lie once, block by block; reads each key and value
    once for all the query heads that share them; and exponentiates with plain arithmetic that the
-   compiler vectorises. With AVX2 and FMA (and head_dim a multiple of 8) the scores are taken
-   eight keys at a time, eight independent sums reduced by one transpose, and the weighted values
-   are summed in registers; elsewhere the portable loops below do the same sums. A prefill tile
+   compiler vectorises. With AVX-512 (and head_dim a multiple of 16) the scores are taken sixteen
+   keys at a time, sixteen independent sums reduced by one tree, and the weighted values of up to
+   four query heads are summed in registers over all the keys; with AVX2 and FMA (head_dim a
+   multiple of 8) the same eight keys at a time; elsewhere the portable loops below do the same
+   sums. A prefill tile
    on a CPU with AVX-512 (head_dim a multiple of 8) is taken by `attend_lanes` instead: the
    tile's rows as the lanes of two 512-bit vectors, so no sum runs across a vector. */
 
@@ -123,9 +125,95 @@ static void values_avx2(const float *values, const int64_t *off, int64_t L, int6
 }
 #endif
 
+#if defined(__AVX512F__) && !defined(CONTBATCH_NATIVE_PORTABLE)
+#include <immintrin.h>
+#define PAGED_DECODE_AVX512 1
+/* lane l: the sum of the lanes of a[SUM16_SLOT[l]] (a tree of 30 shuffles and 15 additions, which
+   leaves the sums in this order; the order is its own inverse, so a[SUM16_SLOT[l]] holding key l's
+   terms puts key l's score in lane l) */
+static const int SUM16_SLOT[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+static inline __m512 sum_lanes16(const __m512 a[16]) {
+  __m512 b[8], c[4], d[2];
+  for (int j = 0; j < 8; j++) /* [a_j's 8 partial sums, a_{j+8}'s 8] */
+    b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[j], a[j + 8], 0x44), _mm512_shuffle_f32x4(a[j], a[j + 8], 0xEE));
+  for (int j = 0; j < 4; j++) /* 128-bit lanes of 4 partial sums: a_j, a_{j+8}, a_{j+4}, a_{j+12} */
+    c[j] = _mm512_add_ps(_mm512_shuffle_f32x4(b[j], b[j + 4], 0x88), _mm512_shuffle_f32x4(b[j], b[j + 4], 0xDD));
+  for (int j = 0; j < 2; j++) /* 2 partial sums each of c_j's and c_{j+2}'s in each 128-bit lane */
+    d[j] = _mm512_add_ps(_mm512_shuffle_ps(c[j], c[j + 2], 0x44), _mm512_shuffle_ps(c[j], c[j + 2], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+}
+
+/* scores_portable's sums (D a multiple of 16), sixteen keys at a time: sixteen independent sums,
+   reduced by one tree (`sum_lanes16`) */
+static void scores_avx512(const float *qb, const float *keys, const int64_t *off, int64_t L, int64_t G, int64_t D,
+                          float scale, float *weights) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 16 <= L; i += 16) {
+    const float *k[16];
+    for (int j = 0; j < 16; j++) k[j] = keys + off[i + SUM16_SLOT[j]];
+    for (int64_t g = 0; g < G; g++) {
+      const float *qg = qb + g * D;
+      __m512 acc[16];
+      for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 16) {
+        const __m512 qv = _mm512_loadu_ps(qg + d);
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[j] + d), acc[j]);
+      }
+      _mm512_storeu_ps(weights + g * L + i, _mm512_mul_ps(sum_lanes16(acc), s));
+    }
+  }
+  if (i < L) scores_portable(qb, keys, off + i, L - i, G, D, scale, weights + i, L);
+}
+
+/* ob[g0 + g] for g < NG (a constant where it is inlined) and elements [d0, d0 + 16 NC) */
+static inline __attribute__((always_inline)) void values_tile(const float *values, const int64_t *off, int64_t L,
+                                                              int64_t D, const float *weights, float *ob, int64_t g0,
+                                                              int64_t d0, const int NG, const int NC) {
+  __m512 acc[4][4];
+  for (int g = 0; g < NG; g++)
+    for (int c = 0; c < NC; c++) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < L; j++) {
+    const float *v = values + off[j] + d0;
+    __m512 x[4];
+    for (int c = 0; c < NC; c++) x[c] = _mm512_loadu_ps(v + 16 * c);
+    for (int g = 0; g < NG; g++) {
+      const __m512 w = _mm512_set1_ps(weights[(g0 + g) * L + j]);
+      for (int c = 0; c < NC; c++) acc[g][c] = _mm512_fmadd_ps(w, x[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < NG; g++)
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(ob + (g0 + g) * D + d0 + 16 * c, acc[g][c]);
+}
+
+/* values_tile over all of D (64 elements at a time, then 16), for NG heads from g0 */
+static inline __attribute__((always_inline)) void values_heads(const float *values, const int64_t *off, int64_t L,
+                                                               int64_t D, const float *weights, float *ob, int64_t g0,
+                                                               const int NG) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) values_tile(values, off, L, D, weights, ob, g0, d0, NG, 4);
+  for (; d0 < D; d0 += 16) values_tile(values, off, L, D, weights, ob, g0, d0, NG, 1);
+}
+
+/* values_portable's sums (D a multiple of 16): up to four heads and 64 elements of d at a time,
+   summed in registers over all the values */
+static void values_avx512(const float *values, const int64_t *off, int64_t L, int64_t G, int64_t D,
+                          const float *weights, float *ob) {
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    switch (G - g0 < 4 ? G - g0 : 4) { /* (each case inlines values_heads for its head count) */
+      case 1: values_heads(values, off, L, D, weights, ob, g0, 1); break;
+      case 2: values_heads(values, off, L, D, weights, ob, g0, 2); break;
+      case 3: values_heads(values, off, L, D, weights, ob, g0, 3); break;
+      default: values_heads(values, off, L, D, weights, ob, g0, 4); break;
+    }
+  }
+}
+#endif
+
 /* w[0..n) = softmax(w[0..n)), and w[n..L) = 0 (keys the row does not see: no weight at all) */
 static void softmax_row(float *w, int64_t n, int64_t L) {
   float top = w[0], sum = 0.f;
+#pragma omp simd reduction(max : top)
   for (int64_t i = 1; i < n; i++) top = w[i] > top ? w[i] : top;
 #pragma omp simd reduction(+ : sum)
   for (int64_t i = 0; i < n; i++) {
@@ -143,6 +231,14 @@ static void softmax_row(float *w, int64_t n, int64_t L) {
    after; then ob[r] (D floats apart) = the weighted sum of the values at values + off[i] */
 static void attend(const float *rows_q, int64_t rows, const float *keys, const float *values, const int64_t *off,
                    int64_t L, int64_t D, float scale, float *weights, float *ob, int64_t first_len, int64_t group) {
+#ifdef PAGED_DECODE_AVX512
+  if (D % 16 == 0) {
+    scores_avx512(rows_q, keys, off, L, rows, D, scale, weights);
+    for (int64_t r = 0; r < rows; r++) softmax_row(weights + r * L, first_len + r / group, L);
+    values_avx512(values, off, L, rows, D, weights, ob);
+    return;
+  }
+#endif
 #ifdef PAGED_DECODE_AVX2
   if (D % 8 == 0) {
     scores_avx2(rows_q, keys, off, L, rows, D, scale, weights);
