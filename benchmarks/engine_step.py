@@ -59,6 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
 from baseline_src import alternating, parse_or_work
+from machine_load import busy_fraction
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -268,19 +269,6 @@ def prefill_roofline_ms(spec: Any, multiplied: int, count: int, length: int, *, 
 
 
 # -- driver ---------------------------------------------------------------------------------------------
-
-
-def busy_fraction(seconds: float = 1.0) -> float:
-    """The fraction of the machine's CPU time spent busy over `seconds` (/proc/stat; this process sleeps)."""
-
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-
-    total0, idle0 = sample()
-    time.sleep(seconds)
-    total1, idle1 = sample()
-    return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
 def wait_until_quiet(limit_s: float, threshold: float = 0.1) -> float:

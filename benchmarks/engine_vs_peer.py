@@ -84,6 +84,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
 from baseline_src import export_src
+from machine_load import cpu_ticks as machine_ticks
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -293,11 +294,10 @@ def cpu_ticks(pid: int) -> tuple[int, int]:
     their threads: a server may do its work in a child process, as `transformers serve` 5 does);
     (0, 0) off Linux."""
     try:
-        machine = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    except (OSError, IndexError):
+        busy, _ = machine_ticks()
+    except (OSError, ValueError):
         return 0, 0
-    idle = int(machine[3]) + int(machine[4])  # idle, iowait
-    return sum(int(x) for x in machine[:8]) - idle, tree_ticks(pid)
+    return busy, tree_ticks(pid)
 
 
 def tree_ticks(root: int) -> int:

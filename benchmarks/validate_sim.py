@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine_load import busy_fraction, cpu_ticks
 
 from contbatch.calibrate import CalibrationConfig, Validation, calibrate, validate
 from contbatch.calibrate.capacity import saturation_rate, workload
@@ -101,38 +102,21 @@ def _renice(increment: int) -> int:
         return os.nice(0)
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """(all CPU ticks, idle + iowait ticks) since boot, from /proc/stat."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields), fields[3] + fields[4]
-
-
 def _neighbour_cpus(since: tuple[tuple[int, int], float, float]) -> float:
     """CPUs kept busy by other processes since `since` = (ticks, own CPU seconds, wall time)."""
-    (total0, idle0), own0, wall0 = since
-    total1, idle1 = _cpu_ticks()
+    (busy0, total0), own0, wall0 = since
+    busy1, total1 = cpu_ticks()
     own = sum(os.times()[:2]) - own0
-    busy_cpus = (total1 - total0 - (idle1 - idle0)) / max(1, total1 - total0) * (os.cpu_count() or 1)
+    busy_cpus = (busy1 - busy0) / max(1, total1 - total0) * (os.cpu_count() or 1)
     return max(0.0, busy_cpus - own / max(1e-9, time.monotonic() - wall0))
-
-
-def _busy_fraction(seconds: float = 2.0) -> float:
-    """The fraction of all CPUs busy over `seconds` (from /proc/stat; the load average elsewhere)."""
-    try:
-        total0, idle0 = _cpu_ticks()
-        time.sleep(seconds)
-        total1, idle1 = _cpu_ticks()
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0] / (os.cpu_count() or 1)
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
 
 
 def _wait_for_quiet(threshold: float, patience_s: float, phase: str) -> dict[str, float]:
     """Wait until the machine's busy fraction is below `threshold` (at most `patience_s`)."""
     started = time.monotonic()
-    busy = _busy_fraction()
+    busy = busy_fraction(2.0)
     while busy >= threshold and time.monotonic() - started < patience_s:
-        busy = _busy_fraction()
+        busy = busy_fraction(2.0)
     waited = time.monotonic() - started
     if busy >= threshold:
         print(f"{phase}: the machine is still {100 * busy:.0f}% busy after {waited:.0f} s; going on", file=sys.stderr)
@@ -140,7 +124,7 @@ def _wait_for_quiet(threshold: float, patience_s: float, phase: str) -> dict[str
 
 
 def _phase_start() -> tuple[tuple[int, int], float, float]:
-    return _cpu_ticks(), sum(os.times()[:2]), time.monotonic()
+    return cpu_ticks(), sum(os.times()[:2]), time.monotonic()
 
 
 def _table(results: dict[str, Validation]) -> str:
