@@ -64,8 +64,11 @@ def warm_up(runner: ModelRunner, config: SchedulerConfig, *, devices: tuple[str,
     request, so there is nothing to forget after). Nothing on other devices.
 
     CUDA loads a kernel's module on its first use, and the caching allocator grows its pool as
-    steps grow: without this the first burst of requests pays for both (on an H200, a first burst
-    of 48 requests after a small warm-up had a p50 TTFT about twice the later bursts').
+    steps grow: without this the first burst of requests pays for both (on an H200 the engine's own
+    mean TTFT for a first burst of 48 requests was about twice the later bursts', and 1.05-1.4 x
+    with it: `benchmarks/first_burst.py`). A step too large for the device fails here, at start,
+    not under the first burst.
+
     Invariant: it runs before the scheduler hands out any block, so the blocks it writes hold no
     request's KV, and every slot is written before a later request reads it.
     """

@@ -19,9 +19,9 @@
    keys at a time, sixteen independent sums reduced by one tree, and the weighted values of up to
    four query heads are summed in registers over all the keys; with AVX2 and FMA (head_dim a
    multiple of 8) the same eight keys at a time; elsewhere the portable loops below do the same
-   sums. A prefill tile
-   on a CPU with AVX-512 (head_dim a multiple of 8) is taken by `attend_lanes` instead: the
-   tile's rows as the lanes of two 512-bit vectors, so no sum runs across a vector. */
+   sums. A prefill tile on a CPU with AVX-512 (head_dim a multiple of 8) is taken by
+   `attend_lanes` instead: the tile's rows as the lanes of two 512-bit vectors, so no sum runs
+   across a vector. */
 
 #include <stdint.h>
 #include <stdlib.h>
