@@ -14,6 +14,8 @@ Workloads (`WORKLOADS`; issue 19's table):
   (c-swap)  (c) with preemption by swap to a host pool of 512 blocks (4 GiB of Llama-2-7B KV,
             vLLM's default swap space; when it is full a victim is recomputed);
   (d)       one request of 1,000,000 output tokens under the seed preset and `unit:8`;
+  (a-vllm), (c-vllm) (a) and (c) under the `vllm` preset (prefix caching on; (a) with its 128
+            sequences and 4,096-token budget);
   (a-cli)   (a) as a user runs it, and as BLIS's figure is taken: the whole `contbatch simulate`
             process (its command line, the trace read from a JSONL file the script writes
             first, the text report); baselines: BLIS and the command line of --baseline.
@@ -100,7 +102,7 @@ class Workload:
     trace: Callable[[int], Any]  # (requests for the sized ones) -> Trace
     size: int
     cost: str
-    preset: str  # "a" (vLLM-like), "engine", "engine-swap" or "seed"
+    preset: str  # "a" (vLLM-like), "a-vllm", "engine", "engine-swap", "vllm" or "seed"
     skip_ahead: bool = True
     streaming: bool = False
     blis_requests: int | None = None  # run in BLIS too, with this many requests
@@ -115,6 +117,8 @@ WORKLOADS: dict[str, Workload] = {
     "c": Workload(_azure_4x, 0, "roofline:llama-2-7b@a100", "engine"),
     "c-swap": Workload(_azure_4x, 0, "roofline:llama-2-7b@a100", "engine-swap"),
     "d": Workload(_one_long, 0, "unit:8", "seed"),
+    "a-vllm": Workload(_trace_a, 10_000, "roofline:llama-2-7b@a100", "a-vllm"),
+    "c-vllm": Workload(_azure_4x, 0, "roofline:llama-2-7b@a100", "vllm"),
     "a-cli": Workload(_trace_a, 10_000, "roofline:llama-2-7b@a100", "a", blis_requests=10_000, cli=True),
 }
 # `contbatch simulate` runs the preset "a" as the engine preset with these fields set
@@ -135,6 +139,8 @@ def run_one(name: str, size: int) -> dict[str, float]:
             PRESETS["engine"], kv=dataclasses.replace(PRESETS["engine"].kv, preemption="swap", num_host_blocks=512)
         ),
         "seed": seed_config(),
+        "a-vllm": dataclasses.replace(PRESETS["vllm"], max_num_seqs=128, max_num_batched_tokens=4096),
+        "vllm": PRESETS["vllm"],
     }[w.preset]
     start = time.perf_counter()
     result = simulate(

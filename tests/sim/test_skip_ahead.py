@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contbatch.core import ContinuousScheduler, SchedulerConfig, check_invariants, seed_config
+from contbatch.core import PRESETS, ContinuousScheduler, SchedulerConfig, check_invariants, seed_config
 from contbatch.core.config import KVConfig, LifecycleConfig, TenantConfig
 from contbatch.loop import StepObserver, StepRecord
 from contbatch.sim import AffineCost, SimResult, UnitCost, parse_cost, simulate
@@ -53,9 +53,17 @@ def traces(draw: st.DrawFn) -> Trace:
                 priority=draw(st.integers(0, 2)),
                 cancel_ts=None if cancel_after is None else arrival + cancel_after,
                 read_rate=draw(st.sampled_from([None, None, None, None, 0.5, 20.0])) if clients else None,
+                **_shared_prefix(draw, prompt),
             )
         )
     return Trace("gen", tuple(requests), "s", "hypothesis")
+
+
+def _shared_prefix(draw: st.DrawFn, prompt: int) -> dict[str, object]:
+    """A prompt's share of a prefix group (its blocks hash alike across the group; with prefix
+    caching on, later members of the group hit the cached blocks), or none."""
+    group = draw(st.sampled_from([None, None, "g0", "g1"]))
+    return {"prefix_group": group, "prefix_tokens": min(prompt, draw(st.sampled_from([4, 16, 32])))} if group else {}
 
 
 def kv_configs(
@@ -75,6 +83,7 @@ def kv_configs(
             # runs take preemptions themselves, by recompute or swap, whatever the victim rule
             victim=st.sampled_from(["newest", "newest", "lowest_priority", "fewest_generated"]),
             max_preemptions=st.sampled_from([None, None, 1]),
+            enable_prefix_caching=st.booleans(),
         ),
     )
 
@@ -340,10 +349,11 @@ def saturating(draw: st.DrawFn) -> tuple[Trace, SchedulerConfig]:
         TraceRequest(
             f"r{i}",
             float(draw(st.integers(0, 30))) * draw(st.sampled_from([0.01, 0.1, 1.0])),
-            draw(st.sampled_from([1, 3, 17, 40, 90, 150])),
+            prompt,
             draw(st.integers(1, 50)),
+            **_shared_prefix(draw, prompt),
         )
-        for i in range(draw(st.integers(2, 24)))
+        for i, prompt in enumerate(draw(st.lists(st.sampled_from([1, 3, 17, 40, 90, 150]), min_size=2, max_size=24)))
     ]
     kv = draw(kv_configs(st.integers(40, 400), ["optimistic", "optimistic", "reserve"], [0.0, 0.01, 0.1]))
     config = SchedulerConfig(
@@ -386,20 +396,52 @@ def test_saturated_runs_equal_stepping(case: tuple[Trace, SchedulerConfig], cost
     assert (unobserved.kv_usage_mean, unobserved.kv_usage_max) == (stepped.kv_usage_mean, stepped.kv_usage_max)
 
 
-def test_saturated_traffic_is_taken_in_runs() -> None:
-    """A queue that never empties and prompts longer than a step's budget: runs carry the queue
-    and the chunked prefills (few `schedule` calls for many steps), with stepping's results."""
-    trace = generate("saturated", 400, poisson(60.0), uniform(100, 900), uniform(5, 60), seed=9)
-    kv = KVConfig(num_blocks=1200, block_size=16)
-    config = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64, kv=kv)
+def _runs_equal_stepping(trace: Trace, config: SchedulerConfig) -> tuple[SimResult, list[float]]:
+    """Stepping's result on the roofline cost, checked equal to skip-ahead's, and the times at
+    which skip-ahead called `schedule`."""
     cost = COSTS["roofline"]
     stepped = simulate(trace, ContinuousScheduler(config), cost, skip_ahead=False)
     scheduled: list[float] = []
     skipped = simulate(trace, ContinuousScheduler(config), cost, inspect=lambda s, o, n: scheduled.append(n))
     assert _fingerprint(skipped) == _fingerprint(stepped)
     assert skipped.busy_time == stepped.busy_time
+    return stepped, scheduled
+
+
+def test_saturated_traffic_is_taken_in_runs() -> None:
+    """A queue that never empties and prompts longer than a step's budget: runs carry the queue
+    and the chunked prefills (few `schedule` calls for many steps), with stepping's results."""
+    trace = generate("saturated", 400, poisson(60.0), uniform(100, 900), uniform(5, 60), seed=9)
+    kv = KVConfig(num_blocks=1200, block_size=16)
+    config = SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=64, kv=kv)
+    stepped, scheduled = _runs_equal_stepping(trace, config)
     assert sum(len(t.scheduled_ts) for t in stepped.timelines) > len(trace), "the pool was meant to be short"
     assert len(scheduled) < stepped.num_steps / 5
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_prefix_caching_is_taken_in_runs(shared: bool) -> None:
+    """vLLM's preset (prefix caching on) on saturated traffic, with a pool short enough to preempt
+    by recompute, gives stepping's results. Prompts of their own (every block hashed with its
+    request's id): runs take most steps. Two in three prompts sharing a system prompt with one of
+    four groups: hits; runs take only the steps whose admissions the cache cannot decide
+    (`FastForward.admits`)."""
+    base = generate("pc", 300, poisson(40.0), uniform(100, 600), uniform(5, 60), seed=4)
+    rng = random.Random(4)
+    requests = tuple(
+        dataclasses.replace(r, prefix_group=f"g{i % 4}", prefix_tokens=min(r.num_prompt_tokens, rng.choice([64, 256])))
+        if shared and i % 3
+        else r
+        for i, r in enumerate(base.requests)
+    )
+    trace = dataclasses.replace(base, requests=requests)
+    kv = dataclasses.replace(PRESETS["vllm"].kv, num_blocks=300)
+    config = dataclasses.replace(PRESETS["vllm"], max_num_batched_tokens=1024, max_num_seqs=64, kv=kv)
+    stepped, scheduled = _runs_equal_stepping(trace, config)
+    stats = stepped.scheduler_stats
+    assert stats["num_recompute_preemptions"] > 0 and stats["num_prefix_query_tokens"] > 0
+    assert (stats["num_prefix_hit_tokens"] > 0) == shared
+    assert len(scheduled) < stepped.num_steps * (0.9 if shared else 0.3)
 
 
 def test_runs_split_a_recomputed_request_as_the_scheduler_does() -> None:

@@ -13,8 +13,8 @@ answers are the scheduler's own (`plan_chunk`, `Memory.shortfall`, the seat limi
 
 `ContinuousScheduler.fast_forward()` gives one only when such steps are possible (under engine
 semantics or the seed's, where a prefill samples nothing and the first token comes one step
-later): no speculative decoding, output credits, timeouts, tenant KV quotas, prefix caching or
-estimate admission; every running request steadily decoding and holding no more blocks than its
+later): no speculative decoding, output credits, timeouts, tenant KV quotas or estimate
+admission; every running request steadily decoding and holding no more blocks than its
 next token needs, but the newest, which may be part-way through computing what it knows; and,
 when requests wait or one is prefilling, an admission phase with nothing else to decide:
 `admits` (no tenant seat quota, fair-share accounting or waiting-queue bound), decodes before
@@ -35,6 +35,21 @@ recompute or by swap as the KV config says (a swap without host room falls back 
 as in `schedule`). Which victims go and the device blocks they free do not depend on how they
 are preempted. A swapped-out request waiting is admitted like any other (`admission`: its blocks
 are those its swap-in takes); `swap_in` admits it, its blocks taken from the pool at once.
+
+With prefix caching the caller caches blocks late too: a request's full blocks when it finishes
+or is preempted (`finish`, `preempt`) and at `close`, the prefilling request's as its chunks
+complete (`computed`) up to the blocks it holds. Before any block returns to the pool the caller
+takes every block it counted (`take_owed`): blocks return hashed to the free list's tail or
+unhashed to its head, so a take after a return could draw another place than stepping's; between
+returns the takes draw the same places, and so evict the same cached blocks, whoever takes them.
+That leaves every decision and the cache as stepping leaves them while the cache decides no
+admission the caller takes (`admits`): a waiting request none of whose hashes is cached, and
+whose first block is no prompt's the caller caches late, hits nothing when stepping either, and
+its blocks are cached as stepping caches them (no other block holds their hash; output blocks
+hash with their request's id). A run does not open while a recomputed request, or the prefilling
+one, finds a hash of its own on a block it does not hold (`caches_elsewhere`). A victim frees
+only the blocks no other request shares, which the caller's count of what it holds would not see:
+a step that preempts is the scheduler's.
 """
 
 from __future__ import annotations
@@ -62,7 +77,7 @@ def may_fast_forward(s: ContinuousScheduler) -> bool:
         or cfg.lifecycle.has_timeouts
         or cfg.tenants.max_kv_blocks is not None  # growth is checked against the tenant's quota
         or len(s.running) > cfg.max_num_batched_tokens
-        or (memory is not None and (memory.config.enable_prefix_caching or memory.config.admission == "estimate"))
+        or (memory is not None and memory.config.admission == "estimate")
     )
 
 
@@ -106,11 +121,14 @@ def open_fast_forward(s: ContinuousScheduler) -> FastForward | None:
     running = s.running
     for r in running:
         computed = r.num_computed_tokens
+        if r.num_preemptions and ff.caches_elsewhere(r):
+            return None  # (recomputed: a block it fills may find its hash on a block it held before)
         if computed >= r.num_prompt_tokens and computed == r.num_known_tokens - lag:  # steady
             if ff.tracks_growth and not 0 <= r.kv_capacity - computed < ff.block_size:
                 return None
-        elif r is running[-1] and ff.plain_admission:
+        elif r is running[-1] and ff.plain_admission and not ff.caches_elsewhere(r):
             ff.prefilling = r  # computing its prompt (or, after a preemption, all it knew) in chunks
+            ff.defer_prefix(r)
         else:
             return None
     return ff
@@ -144,6 +162,24 @@ class FastForward:
         self._kv_config = memory.config if memory is not None else None
         self.swaps = memory is not None and memory.config.preemption == "swap"  # (recompute when the host is full)
         self._preempting_steps: list[int] = []  # the caller's steps (0-based) that preempted, in order
+        # prefix caching: blocks are cached as they fill, which the caller defers (see `admits`)
+        self.caches_prefixes = memory is not None and memory.config.enable_prefix_caching
+        self._deferred_prefixes: set[int] = set()  # first block hashes of prompts cached late
+
+    def caches_elsewhere(self, request: Request) -> bool:
+        """With prefix caching, whether a hash of running `request`'s blocks is cached by a block
+        it does not hold (its own block would then not be cached when it fills)."""
+        if not self.caches_prefixes or not request.block_hashes:
+            return False
+        kv = self._kv
+        assert kv is not None
+        cached, own = kv.pool.cached_block_ids(), set(kv.block_table(request.request_id))
+        return any([cached.get(h, -1) not in own for h in request.block_hashes if h in cached])
+
+    def defer_prefix(self, request: Request) -> None:
+        """`request`'s prompt blocks are cached late (it computes its prompt inside the run)."""
+        if self.caches_prefixes and request.block_hashes:
+            self._deferred_prefixes.add(request.block_hashes[0])
 
     # -- what the caller reads -----------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -157,12 +193,36 @@ class FastForward:
     def has_waiting(self) -> bool:
         return bool(self._s.waiting)
 
-    def admits(self, request: Request) -> bool:
+    def admits(self, request: Request, planned: Sequence[Request] = ()) -> bool:
         """Whether the caller may admit waiting `request` (by `admission`): every one but a
         request whose KV arrives from elsewhere (the scheduler counts it as computed when it
-        admits it). Its first chunk starts where its KV ends: at its first position, or, swapped
-        out (`is_swapped`), after the tokens its KV holds."""
-        return not (request.num_external_tokens and not request.num_preemptions)
+        admits it) or whose admission the prefix cache could decide (`_cache_decides`). Its first
+        chunk starts where its KV ends: at its first position, or, swapped out (`is_swapped`),
+        after the tokens its KV holds. `planned`: the requests admitted before it in the step."""
+        if request.num_external_tokens and not request.num_preemptions:
+            return False
+        return not self._cache_decides(request, planned)
+
+    def _cache_decides(self, request: Request, planned: Sequence[Request]) -> bool:
+        """Whether the prefix cache could decide waiting `request`'s admission, or its blocks'
+        caching later: one of its blocks' hashes is cached now, or its first block's is that of
+        a prompt the caller caches late (`defer_prefix`) or of a `planned` request. Otherwise it
+        hits nothing now or when stepping (where blocks are cached as they fill: the caller's
+        cache lacks only the late prompts'), and its blocks will be cached as stepping caches
+        them (no other block holds their hash)."""
+        if not self.caches_prefixes:
+            return False
+        memory, kv = self._memory, self._kv
+        assert memory is not None and kv is not None
+        if not self.is_swapped(request):  # (stepping queries no hit for a swapped-out one)
+            memory.prefix_hit_tokens(request)  # (its hashes over what it knows, as `schedule` extends them)
+        hashes = request.block_hashes
+        if not hashes:
+            return False
+        if hashes[0] in self._deferred_prefixes or any([r.block_hashes[:1] == hashes[:1] for r in planned]):
+            return True
+        cached = kv.pool.cached_block_ids()
+        return any([h in cached for h in hashes])
 
     def is_swapped(self, request: Request) -> bool:
         """Whether waiting `request`'s KV is in host memory (admitted by `swap_in`)."""
@@ -216,6 +276,10 @@ class FastForward:
         s.waiting.remove((request,))
         request.admit(now)
         request.kv_capacity = blocks * self.block_size
+        if self.caches_prefixes:  # no hit (`admits`): a first admission queries its prompt, as `schedule` counts it
+            if not request.num_preemptions:
+                s.stats.num_prefix_query_tokens += request.num_prompt_tokens
+            self.defer_prefix(request)
 
     def swap_in(self, request: Request, chunk: ScheduledChunk, now: float) -> tuple[int, ...]:
         """Admit swapped-out waiting `request` at `now` with `chunk` (its `admission` answered:
@@ -224,6 +288,7 @@ class FastForward:
         assert memory is not None and self.is_swapped(request)
         moved = memory.admit(request, chunk, alone=True)  # (no margin: `admission` checked the fit)
         assert moved, f"swap_in: {request.request_id!r} did not fit"
+        self.defer_prefix(request)  # (its blocks are cached again as they were: late)
         s = self._s
         s.waiting.admitted(request)
         s.waiting.remove((request,))
@@ -241,8 +306,10 @@ class FastForward:
             self._s.waiting.charge(request, len(ts))
 
     def finish(self, request: Request, reason: FinishReason, now: float) -> int:
-        """End a running request (its blocks, those it really holds, are freed); the pool's free
-        blocks after."""
+        """End a running request (its blocks, those it really holds, are freed; with prefix caching
+        its full blocks cached first, as stepping caches them, so the caller holds them all); the
+        pool's free blocks after."""
+        self._cache_blocks(request)
         self._s._finish(request, reason, now)
         return self.num_free_blocks()
 
@@ -263,11 +330,30 @@ class FastForward:
         (recompute)."""
         assert self._kv_config is not None, "preempt: no KV limit, no preemption"
         s = self._s
+        self._cache_blocks(request)
         moved = s.release_victim(request, now)
         s.waiting.push_front(request)
         if not self._preempting_steps or self._preempting_steps[-1] != step:
             self._preempting_steps.append(step)
         return moved
+
+    def take_owed(self, request: Request, num_blocks: int) -> None:
+        """Take from the pool `num_blocks` more blocks for running `request` (blocks the caller
+        counted it to hold), its counted `kv_capacity` kept."""
+        kv = self._kv
+        assert kv is not None
+        capacity = request.kv_capacity
+        rid = request.request_id
+        granted = kv.allocate(rid, (kv.num_held_blocks(rid) + num_blocks) * kv.block_size).granted
+        assert granted, f"take_owed: no block for {rid!r}"
+        request.kv_capacity = capacity
+
+    def _cache_blocks(self, request: Request) -> None:
+        """With prefix caching, `request`'s full computed blocks cached (it holds them all)."""
+        if self.caches_prefixes:
+            memory = self._memory
+            assert memory is not None
+            memory.cache_computed_blocks(request)
 
     def hold(self, request: Request, num_tokens: int) -> bool:
         """Make running `request` hold blocks for `num_tokens` tokens from the pool (keeping those it
@@ -295,6 +381,8 @@ class FastForward:
                 if not preempted and i > last and memory.ratio == memory.config.estimate_min_ratio:
                     break  # at its floor, with no bump to come: decays change nothing
                 memory.end_step(preempted=preempted)
+        for r in running:  # (with prefix caching: the blocks stepping would have cached by now)
+            self._cache_blocks(r)
         s.running = list(running)
         s._step_id += num_steps
         s.stats.num_bucket_padding_tokens += num_padding_tokens

@@ -19,14 +19,18 @@ planned whole too (`FastForward.victim_index`, `preempt`): the victims the KV co
 (`_plan_preempting`), to be admitted again inside the run: by recompute, or by swap, their
 blocks taken from the pool and moved to host memory when the step is taken, and moved back when
 a step admits them (`FastForward.swap_in`, blocks taken from the pool at once). A step that may
-swap is priced from the shape `take` returns (the swaps' block ids exist only then).
+swap is priced from the shape `take` returns (the swaps' block ids exist only then). With prefix
+caching every block counted is taken before any block returns to the pool (`_take_owed`), a
+request's blocks are cached when it leaves (`FastForward.finish`, `preempt`) or at close, and a
+step that would preempt is the scheduler's (see `contbatch.core.fastforward`).
 
 Equivalence (tested against step-by-step simulation on thousands of random traces and
 configurations, under every cost model): the steps a run takes give the same per-request
 timelines, finish reasons, step ids, counters, KV usage and per-step records as that many
 `schedule`/`update` calls. A run refuses a step (`decode_segment` / `plan_step` return None and
 change nothing) whenever it could involve a decision it does not take: a waiting request whose
-KV arrives from elsewhere (the scheduler brings it in), an empty step.
+KV arrives from elsewhere (the scheduler brings it in), an admission the prefix cache could
+decide (`FastForward.admits`), an empty step.
 
 Invariants while a run is open: each scheduler request is either a member, the prefilling
 member, or untouched; the scheduler's running set is stale (refreshed by `close`), so nothing else
@@ -299,7 +303,10 @@ class DecodeRun:
     def _plan_preempting(self, i: int) -> _Planned | None:
         """Step i when the pool cannot give what the running requests ask for, as the scheduler
         takes it (`_Shortage`); the step admits nobody. None when nothing would be left to run
-        (the scheduler takes that step)."""
+        (the scheduler takes that step), and with prefix caching (a victim frees only the blocks
+        no other request shares: the scheduler counts them)."""
+        if self.ff.caches_prefixes:
+            return None
         shortage = _Shortage(self, i)
         chunk, chunk_growth = shortage.decide()
         if not shortage.victims:
@@ -361,7 +368,7 @@ class DecodeRun:
         for request in waiting:
             if budget <= 0:
                 break
-            if not ff.admits(request):
+            if not ff.admits(request, [r for r, _, _ in admitted]):
                 return None
             alone = running == 0 and not admitted  # nothing else runs: no watermark
             got = ff.admission(
@@ -435,8 +442,8 @@ class DecodeRun:
 
     def _prefilled(self, pf: _Prefill, chunk: ScheduledChunk, i: int) -> None:
         """`pf` computed `chunk` at step i: it goes on prefilling (the prefilling member), or,
-        having computed all it knows, decodes from then on (its next token sampled by that step,
-        or under the seed's semantics by the next)."""
+        having computed all it knows, decodes from then on (its next token sampled by that step
+        when the chunk samples, else, a prefill under the seed's semantics, by the next)."""
         r = pf.request
         self.ff.computed(r, chunk)
         pf.done = r.num_computed_tokens
@@ -446,10 +453,10 @@ class DecodeRun:
             self.prefill = pf
             return
         r.kv_capacity = pf.blocks * self.block_size  # counted ahead: `hold` takes them at close
-        if self.ff.samples_on_prefill:
-            self._join(r, i, known - 1, r.num_output_tokens, pf.owed)
-        else:
-            self._join(r, i + 1, known, r.num_output_tokens, pf.owed)
+        if chunk.samples:  # its token at this step (a prefill under engine semantics, or a swap-in's decode)
+            self._join(r, i, pf.done - 1, r.num_output_tokens, pf.owed)
+        else:  # the seed's semantics: a prefill samples nothing, the next step its first token
+            self._join(r, i + 1, pf.done, r.num_output_tokens, pf.owed)
 
     def _preempt(self, victim: _Member | _Prefill, now: float) -> tuple[int, ...] | None:
         """Preempt `victim` at the start of the next step (at `now`): a member's tokens so far
@@ -457,6 +464,7 @@ class DecodeRun:
         swap moves what it holds), the request to the queue (`FastForward.preempt`). The device
         blocks it swapped out, or None."""
         i = len(self.step_ts)
+        self._take_owed(i)
         if isinstance(victim, _Prefill):
             self.prefill = None
             self.owed -= victim.owed
@@ -466,11 +474,32 @@ class DecodeRun:
             victim.done = True  # its `finishing` entry is dropped when it comes up
             self.num_alive -= 1
         ff, request = self.ff, victim.request
-        if ff.swaps:
+        if ff.swaps:  # (a swap moves what it holds)
             self._hold(request)
         moved = ff.preempt(request, now, i)
         self._pool_free = ff.num_free_blocks()
         return moved
+
+    def _take_owed(self, num_steps: int) -> None:
+        """With prefix caching, before blocks return to the pool: take every block owed after
+        `num_steps` steps, as stepping took them before (blocks without a hash return to the
+        free list's head, and a block taken from there instead of its tail would leave a hash
+        cached that stepping evicted). Among themselves the order of takes changes nothing."""
+        if not self.ff.caches_prefixes:
+            return
+        ff, block_size = self.ff, self.block_size
+        for m in self.members:
+            owed = 0 if m.done else m.owed_after(num_steps, block_size)
+            if owed:
+                ff.take_owed(m.request, owed)
+                m.owed_at_join -= owed
+                self.owed -= owed
+        pf = self.prefill
+        if pf is not None and pf.owed:
+            ff.take_owed(pf.request, pf.owed)
+            self.owed -= pf.owed
+            pf.owed = 0
+        self._pool_free = ff.num_free_blocks()
 
     def _drop_preempted(self) -> None:
         heap = self.finishing
@@ -490,6 +519,7 @@ class DecodeRun:
                 self._finish(member, step + 1)
 
     def _finish(self, m: _Member, num_steps: int) -> None:
+        self._take_owed(num_steps)
         self._materialize(m, num_steps)
         m.done = True
         self.num_alive -= 1
