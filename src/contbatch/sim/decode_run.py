@@ -160,7 +160,8 @@ class DecodeRun:
         self.admits_arrivals = admits_arrivals and ff.admits_arrivals
         self.tracks_growth = ff.tracks_growth
         self.block_size = ff.block_size
-        self.members: list[_Member] = []
+        self.members: list[_Member] = []  # in running order (finished ones dropped by `_take_owed`)
+        self.num_joined = 0  # members joined so far (the finishing heap's tie-break: running order)
         self.finishing: list[tuple[int, int, _Member]] = []  # (last step, order, member): a heap
         self.phase = [0] * self.block_size  # decoding members that grow at steps i with i % bs == key
         self.step_ts: list[float] = []  # end time of every step taken
@@ -199,7 +200,8 @@ class DecodeRun:
         member = _Member(request, first, last, base, grows_from, stops, owed)
         self.members.append(member)
         self.num_alive += 1
-        heapq.heappush(self.finishing, (last, len(self.members), member))
+        self.num_joined += 1
+        heapq.heappush(self.finishing, (last, self.num_joined, member))
         self._start_decoding(member)
 
     def _start_decoding(self, m: _Member) -> None:
@@ -488,8 +490,9 @@ class DecodeRun:
         if not self.ff.caches_prefixes:
             return
         ff, block_size = self.ff, self.block_size
+        self.members = [m for m in self.members if not m.done]  # (in running order still)
         for m in self.members:
-            owed = 0 if m.done else m.owed_after(num_steps, block_size)
+            owed = m.owed_after(num_steps, block_size)
             if owed:
                 ff.take_owed(m.request, owed)
                 m.owed_at_join -= owed
