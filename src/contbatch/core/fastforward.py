@@ -167,8 +167,8 @@ class FastForward:
         self._deferred_prefixes: set[int] = set()  # first block hashes of prompts cached late
 
     def caches_elsewhere(self, request: Request) -> bool:
-        """With prefix caching, whether a hash of running `request`'s blocks is cached by a block
-        it does not hold (its own block would then not be cached when it fills)."""
+        """With prefix caching, whether a hash of `request`'s blocks is cached by a block it does
+        not hold (a running request's own block would then not be cached when it fills)."""
         if not self.caches_prefixes or not request.block_hashes:
             return False
         kv = self._kv
@@ -212,17 +212,14 @@ class FastForward:
         them (no other block holds their hash)."""
         if not self.caches_prefixes:
             return False
-        memory, kv = self._memory, self._kv
-        assert memory is not None and kv is not None
+        memory = self._memory
+        assert memory is not None
         if not self.is_swapped(request):  # (stepping queries no hit for a swapped-out one)
             memory.prefix_hit_tokens(request)  # (its hashes over what it knows, as `schedule` extends them)
-        hashes = request.block_hashes
-        if not hashes:
-            return False
-        if hashes[0] in self._deferred_prefixes or any([r.block_hashes[:1] == hashes[:1] for r in planned]):
+        first = request.block_hashes[:1]
+        if first and (first[0] in self._deferred_prefixes or any([r.block_hashes[:1] == first for r in planned])):
             return True
-        cached = kv.pool.cached_block_ids()
-        return any([h in cached for h in hashes])
+        return self.caches_elsewhere(request)  # (it holds no block: any of its hashes cached)
 
     def is_swapped(self, request: Request) -> bool:
         """Whether waiting `request`'s KV is in host memory (admitted by `swap_in`)."""
@@ -344,7 +341,7 @@ class FastForward:
         assert kv is not None
         capacity = request.kv_capacity
         rid = request.request_id
-        granted = kv.allocate(rid, (kv.num_held_blocks(rid) + num_blocks) * kv.block_size).granted
+        granted = self.hold(request, (kv.num_held_blocks(rid) + num_blocks) * kv.block_size)
         assert granted, f"take_owed: no block for {rid!r}"
         request.kv_capacity = capacity
 
