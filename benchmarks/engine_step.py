@@ -16,7 +16,9 @@ loads the demo model (30M, float32) with --threads threads and measures:
   the time inside the model's `forward` (the rest is the runner's host work: input building,
   sampling);
 - the roofline of that step, measured in the same process: matmul GFLOP/s and streaming
-  bandwidth (`engine_vs_hf.matmul_flops`, `stream_bandwidth`); `roofline_ms` counts every
+  bandwidth (`engine_vs_hf.matmul_flops`, `stream_bandwidth` over as many bytes as the largest
+  decode step's roofline counts: a smaller probe can fit the last-level cache, which the step's
+  weights and K/V do not; before the twentieth session it read 64 MB); `roofline_ms` counts every
   parameter of the model, as engine_vs_hf does, `roofline_mm_ms` only the weights the step
   multiplies (the decoder layers and the LM head; the embedding is a lookup of B rows);
 - a prefill-only step of --prefill COUNTxLENGTH whole prompts (default 7 of 290 tokens: 2,030,
@@ -220,7 +222,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from contbatch.engine.llm_engine import EngineConfig, LLMEngine
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_vs_hf import matmul_flops, roofline_ms, stream_bandwidth
+    from engine_vs_hf import matmul_flops, roofline_bytes, roofline_ms, stream_bandwidth
 
     torch.set_num_threads(args.threads)
     engine = LLMEngine(EngineConfig(kv_cache_memory=512 * 1024**2))
@@ -229,7 +231,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"source": str(Path(contbatch.__file__).parent), "params": total}
     result["params_multiplied"] = multiplied
     peak = statistics.median(matmul_flops() for _ in range(3))
-    bandwidth = statistics.median(stream_bandwidth() for _ in range(3))
+    read = roofline_bytes(runner.spec, total, max(args.batches), args.context)  # the largest decode step's
+    bandwidth = statistics.median(stream_bandwidth(max(read, 64 * 1024**2)) for _ in range(3))
     result |= {"gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}
     shapes = {f"decode_{b}": [args.context] * b for b in args.batches}
     shapes |= {f"decode_{b}_mixed": mixed_contexts(b, args.context) for b in args.batches if b > 1 and args.mixed}

@@ -121,19 +121,25 @@ def decode_step_vs_roofline(engine: LLMEngine, batch: int = 32, context: int = 1
         runner.execute(out, seqs)
         times.append(time.perf_counter() - t)
     params = sum(p.numel() for p in runner.model.parameters()) if hasattr(runner.model, "parameters") else 34_000_000
-    peak, bandwidth = matmul_flops(), stream_bandwidth()
+    peak, bandwidth = matmul_flops(), stream_bandwidth(roofline_bytes(spec, params, batch, context))
     roofline = roofline_ms(spec, params, batch, context, peak=peak, bandwidth=bandwidth) / 1000
     step = statistics.median(times)
     return {"decode32_step_ms": 1000 * step, "roofline_ms": 1000 * roofline, "ratio": step / roofline,
             "gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}  # fmt: skip
 
 
-def roofline_ms(spec: Any, params: int, batch: int, context: int, *, peak: float, bandwidth: float) -> float:
-    """A decode step of `batch` requests at `context`: max(FLOPs / peak, bytes / bandwidth), float32,
-    every one of the `params` weights read and multiplied once, plus attention over the K/V read."""
-    flops = 2 * params * batch + 4 * batch * context * spec.num_layers * spec.num_heads * spec.head_dim
+def roofline_bytes(spec: Any, params: int, batch: int, context: float) -> int:
+    """What `roofline_ms` counts as read: the `params` float32 weights and the batch's K/V."""
     kv_bytes = 2 * 4 * batch * context * spec.num_layers * spec.num_kv_heads * spec.head_dim
-    return 1000 * max(flops / peak, (4 * params + kv_bytes) / bandwidth)
+    return int(4 * params + kv_bytes)
+
+
+def roofline_ms(spec: Any, params: int, batch: int, context: float, *, peak: float, bandwidth: float) -> float:
+    """A decode step of `batch` requests at `context`: max(FLOPs / peak, bytes / bandwidth), float32,
+    every one of the `params` weights read and multiplied once, plus attention over the K/V read
+    (`bandwidth`: `stream_bandwidth` of about `roofline_bytes`)."""
+    flops = 2 * params * batch + 4 * batch * context * spec.num_layers * spec.num_heads * spec.head_dim
+    return 1000 * max(flops / peak, roofline_bytes(spec, params, batch, context) / bandwidth)
 
 
 def matmul_flops(n: int = 2048) -> float:
@@ -145,7 +151,11 @@ def matmul_flops(n: int = 2048) -> float:
     return 3 * 2 * n**3 / (time.perf_counter() - t)
 
 
-def stream_bandwidth(n: int = 64 * 1024**2) -> float:
+def stream_bandwidth(n: int = 256 * 1024**2) -> float:
+    """Bytes/s of summing `n` bytes of float32, again and again: memory's streaming bandwidth when
+    `n` is larger than the CPU's caches (a probe that fits the last-level cache measures the cache:
+    on a CPU with an effective L3 of 64-128 MB, 52 GB/s at 64 MB and 25 GB/s from 128 MB up). A
+    roofline passes the bytes it counts, so its memory term reads as many as the step does."""
     x = torch.ones(n // 4)
     x.sum()
     t = time.perf_counter()

@@ -33,7 +33,9 @@ tests/test_compiled.py, which gets their node ids from the `interpreted_tests` f
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -72,3 +74,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def interpreted_tests(request: pytest.FixtureRequest) -> list[str]:
     return request.config.stash.get(INTERPRETED, [])
+
+
+@pytest.fixture(autouse=True)
+def thawed_collector() -> Iterator[None]:
+    """`serve`, `route` and `bench` freeze the collector's heap before they run
+    (`contbatch.cli.serve_cmd.freeze_startup_heap`); a test that runs one in this process has
+    it thawed after, so that every test meets the collector as it was."""
+    frozen = gc.get_freeze_count()
+    yield
+    if gc.get_freeze_count() > frozen:
+        gc.unfreeze()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,16 @@ def samples(server: RunningServer) -> dict[tuple[str, tuple[tuple[str, str], ...
             labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "model_name"))
             values[(sample.name, labels)] = sample.value
     return values
+
+
+def test_bench_freezes_its_startup_heap(capsys: pytest.CaptureFixture[str], server: RunningServer) -> None:
+    """Before its clock starts, the load generator freezes its start-up heap (an oldest-generation
+    collection would otherwise walk it mid-run, a pause in every measured latency); the conftest
+    thaws it after the test."""
+    assert gc.get_freeze_count() == 0
+    doc = bench_json(capsys, server, "--num-prompts", "2", "--input-len", "8", "--output-len", "2")
+    assert doc["completed"] == 2
+    assert gc.get_freeze_count() > 0
 
 
 def test_metrics_counters_agree_with_the_bench_results(

@@ -12,6 +12,7 @@ benchmarks/admission.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import threading
@@ -307,6 +308,37 @@ def test_connections_beyond_the_limit_get_503() -> None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     server.stop()
+
+
+def test_serve_freezes_its_startup_heap_before_it_serves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heap is frozen when uvicorn starts, after a collection: a reference cycle dropped
+    before is freed, not frozen (a frozen object is never collected)."""
+    import weakref
+
+    import uvicorn
+
+    from contbatch.cli import serve_cmd
+
+    class Node:
+        other: Node
+
+    cycle = Node()
+    cycle.other = cycle
+    dropped = weakref.ref(cycle)
+    del cycle
+    seen: dict[str, Any] = {}
+
+    def run(app: Any, **options: Any) -> None:
+        seen["frozen"], seen["dropped"] = gc.get_freeze_count(), dropped()
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    gc.disable()  # only the explicit collection frees the cycle
+    try:
+        assert serve_cmd.run_serve_command(build_parser().parse_args(["serve", "--backend", "sim"])) == 0
+    finally:
+        gc.enable()
+    assert seen["frozen"] > 0
+    assert seen["dropped"] is None
 
 
 def test_serve_passes_its_limits_to_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:

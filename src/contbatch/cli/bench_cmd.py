@@ -190,6 +190,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         write_results,
     )
     from contbatch.bench.runner import RunConfig, run
+    from contbatch.cli.collector import freeze_startup_heap
 
     try:
         _check(args)
@@ -202,6 +203,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if not target.send_priority and any(r.priority for r in requests):
         print("contbatch bench: note: the trace has priorities; they are sent only with --priority", file=sys.stderr)
     config = RunConfig(max_concurrency=args.max_concurrency, timeout_s=args.timeout, progress=not args.disable_tqdm)
+    freeze_startup_heap()
     started = time.time()
     records = asyncio.run(run(requests, target, config))
     info = {

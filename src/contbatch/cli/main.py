@@ -16,15 +16,14 @@ none of the other commands' modules (tests/cli/test_cli_startup.py).
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from contbatch import __version__
+from contbatch.cli.collector import collector_paused
 
 # command -> (its module; the function adding its parser; the function running it), in the order
 # of the command list; one parser function may add several commands
@@ -100,38 +99,13 @@ def _scheduler_names(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(n.strip() for n in args.schedulers.split(",") if n.strip())
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the block, and what the block allocated promoted
-    to the oldest generation on the way out instead of walked by the next young collection.
-
-    A simulation command reads the trace, simulates and summarises: none of it makes reference
-    cycles (`contbatch.sim.no_cycles`), yet with the collector on, reading the trace triggers a
-    young collection every 700 objects and the first allocation after a simulation walks every
-    object the run left (each request's timeline and token lists; some 25 ms for 10,000
-    requests). `gc.freeze()` then `gc.unfreeze()` moves every tracked object to the oldest
-    generation without walking it (skipped when something else froze objects: its
-    frozen set is left as it is); a cycle made in the block is found by the next full
-    collection. The collector's state is restored on exit, exception or not."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
-
-
 def run_simulation_command(args: argparse.Namespace) -> int:
     """`simulate` and `compare`: resolve the flags, run every variant, print the report."""
     from contbatch.cli.options import UsageError, resolve
     from contbatch.cli.report import run_all, to_document, to_json, to_text, write_out_dir
     from contbatch.sim.loop import SimulationStalled
 
-    with _collector_paused():
+    with collector_paused():
         try:
             opts = resolve(args, _scheduler_names(args))
         except UsageError as exc:
@@ -152,7 +126,7 @@ def run_simulation_command(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv and argv[0] in _COMMANDS else None
-    with _collector_paused():  # (building the parser imports the command's modules: no garbage to find)
+    with collector_paused():  # (building the parser imports the command's modules: no garbage to find)
         args = build_parser(command).parse_args(argv)
     try:
         module, _, run = _COMMANDS[args.command]

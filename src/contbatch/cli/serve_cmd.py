@@ -21,6 +21,8 @@ request head has not (`contbatch.server.connections`); ``--limit-concurrency`` (
 connections (uvicorn answers 503 beyond it); ``--tokenizer-workers`` (2) and ``--tokenizer-queue`` (64) bound
 the tokenization of long prompts (503 beyond).
 
+Before it serves, the process freezes its start-up heap (`contbatch.cli.collector.freeze_startup_heap`).
+
 Bad flags exit 2 with one line on stderr, as for the other commands.
 """
 
@@ -30,6 +32,7 @@ import argparse
 import sys
 from typing import Any
 
+from contbatch.cli.collector import freeze_startup_heap
 from contbatch.cli.options import UsageError, cost_model, scheduler_config
 from contbatch.core import SCHEDULERS
 from contbatch.core.config import PRESETS
@@ -284,7 +287,8 @@ def uvicorn_options(args: argparse.Namespace, send_buffer: int) -> dict[str, Any
 
 def run_http(app: Any, args: argparse.Namespace, *, command: str, keyed: bool, send_buffer: int, grace_s: int) -> int:
     """Serve `app` under uvicorn on the flags' host and port with their connection limits (`serve`
-    and `route` alike); first a warning when it is open beyond this machine without API keys."""
+    and `route` alike), its start-up heap frozen (`freeze_startup_heap`); first a warning when it
+    is open beyond this machine without API keys."""
     import uvicorn
 
     try:
@@ -297,6 +301,7 @@ def run_http(app: Any, args: argparse.Namespace, *, command: str, keyed: bool, s
             f"contbatch {command}: warning: serving on {args.host} without --api-key: anyone who reaches it can use it",
             file=sys.stderr,
         )
+    freeze_startup_heap()
     uvicorn.run(
         app,
         host=args.host,
