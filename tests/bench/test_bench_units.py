@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,58 @@ def test_the_usage_of_a_finishing_chunk_counts_the_rest_of_the_tokens() -> None:
 def test_target_urls() -> None:
     assert Target("http://h:1/v1/", "m").url == "http://h:1/v1/completions"
     assert Target("http://h:1", "m", chat=True).url == "http://h:1/v1/chat/completions"
+
+
+def test_lines_come_whole_whatever_the_chunks() -> None:
+    """A stream's lines, split anywhere (inside a line, between \\r and \\n, inside a UTF-8
+    character), are the lines of the whole; the last needs no ending; bad UTF-8 is a ValueError."""
+    import asyncio
+
+    from contbatch.bench.client import lines
+
+    whole = 'data: {"text": "é€"}\r\n\r\ndata: [DONE]\nlast'.encode()
+
+    async def read(chunks: list[bytes]) -> list[str]:
+        async def source() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+        return [line async for line in lines(source())]
+
+    expected = ['data: {"text": "é€"}', "", "data: [DONE]", "last"]
+    for size in (1, 2, 3, 7, len(whole)):
+        assert asyncio.run(read([whole[i : i + size] for i in range(0, len(whole), size)])) == expected
+    assert asyncio.run(read([b"a\n", b"", b"b\n"])) == ["a", "b"]
+    with pytest.raises(ValueError):
+        asyncio.run(read([b"data: \xff\n"]))
+
+
+def test_a_server_that_stops_sending_is_an_error_not_a_cancellation() -> None:
+    """A read that waits longer than the run's timeout is the request's ERROR (aiohttp's read
+    timeout is also a TimeoutError, as the trace's cancel time is: the two are told apart)."""
+    import asyncio
+
+    from contbatch.bench.runner import RunConfig, run
+    from contbatch.bench.workload import BenchRequest
+
+    async def scenario() -> RequestRecord:
+        async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            writer.write(head.encode())
+            await writer.drain()
+            await asyncio.sleep(30)
+
+        server = await asyncio.start_server(stall, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            request = BenchRequest("r", 0.0, "a b", 2, 4)
+            config = RunConfig(timeout_s=0.5, progress=False)
+            (record,) = await run([request], Target(f"http://127.0.0.1:{port}", "m"), config)
+            return record
+        finally:
+            server.close()
+
+    record = asyncio.run(scenario())
+    assert record.status == 200 and record.finish is FinishReason.ERROR
+    assert "Timeout" in record.error

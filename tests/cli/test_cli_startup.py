@@ -29,6 +29,7 @@ print(json.dumps(sorted(sys.modules)))
 _NOT_FOR_THE_PARSER = (
     "asyncio",
     "httpx",
+    "aiohttp",
     "torch",
     "fastapi",
     "uvicorn",

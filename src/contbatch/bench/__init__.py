@@ -1,7 +1,7 @@
 """contbatch.bench: a load generator for any OpenAI-compatible endpoint, reported by `contbatch.metrics`.
 
 `workload` builds what to send and when (a trace, or synthetic Poisson/gamma arrivals);
-`runner` sends it over HTTP (httpx, streaming) at the scheduled times under a concurrency
+`runner` sends it over HTTP (aiohttp, streaming) at the scheduled times under a concurrency
 limit; `client` records each request's client-side timeline; `report` summarizes the
 timelines with `contbatch.metrics.summarize` under `vllm bench serve`'s key names; `servers`
 starts a server under test as a child process (a free port, healthy before use, stopped after),

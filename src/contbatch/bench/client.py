@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from contbatch.bench.workload import BenchRequest
 from contbatch.core.status import FinishReason
@@ -213,7 +213,7 @@ def _status_reason(status: int) -> FinishReason:
 
 
 async def send(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     target: Target,
     spec: BenchRequest,
     record: RequestRecord,
@@ -230,30 +230,49 @@ async def send(
     try:
         async with asyncio.timeout(None if cancel_at is None else max(0.0, cancel_at - clock())):
             await _exchange(http, target, spec, headers, stream)
-    except TimeoutError:
+    except aiohttp.ClientError as exc:  # (first: a connect or read timeout is a ClientError and a TimeoutError)
+        _failed(record, exc)
+    except TimeoutError:  # the cancel time's, from asyncio.timeout
         record.finish = FinishReason.CANCELLED
         record.error = "cancelled by the client (the trace's cancel time)"
-    except (httpx.HTTPError, OSError, ValueError) as exc:
-        record.finish = FinishReason.ERROR
-        record.error = f"{type(exc).__name__}: {exc}"
+    except (OSError, ValueError) as exc:
+        _failed(record, exc)
     record.end_ts = clock()
 
 
+def _failed(record: RequestRecord, exc: Exception) -> None:
+    record.finish = FinishReason.ERROR
+    record.error = f"{type(exc).__name__}: {exc}"
+
+
 async def _exchange(
-    http: httpx.AsyncClient, target: Target, spec: BenchRequest, headers: dict[str, str], stream: _Stream
+    http: aiohttp.ClientSession, target: Target, spec: BenchRequest, headers: dict[str, str], stream: _Stream
 ) -> None:
     record = stream.record
-    async with http.stream("POST", target.url, json=target.body(spec), headers=headers) as response:
-        record.status = response.status_code
-        if response.status_code != 200:
-            raw = await response.aread()
-            record.finish = _status_reason(response.status_code)
-            record.error = f"HTTP {response.status_code}: {_error_message(raw)}"
+    async with http.post(target.url, json=target.body(spec), headers=headers) as response:
+        record.status = response.status
+        if response.status != 200:
+            raw = await response.read()
+            record.finish = _status_reason(response.status)
+            record.error = f"HTTP {response.status}: {_error_message(raw)}"
             return
-        async for line in response.aiter_lines():
+        async for line in lines(response.content.iter_any()):
             if stream.on_line(line):
                 break
     stream.close()
+
+
+async def lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of a byte stream, without their ending (\n or \r\n), decoded as UTF-8 (a
+    line is whole before it is decoded, so a character split between chunks is too; an invalid
+    one raises UnicodeDecodeError, a ValueError); a last line without an ending too."""
+    rest = b""
+    async for chunk in chunks:
+        *complete, rest = (rest + chunk).split(b"\n")
+        for line in complete:
+            yield line.removesuffix(b"\r").decode()
+    if rest:
+        yield rest.removesuffix(b"\r").decode()
 
 
 def _error_message(raw: bytes) -> str:
