@@ -5,7 +5,7 @@ offsets from the start. Each request waits for its scheduled send time, then for
 slot (that wait is the client queue time: actual send - scheduled send), then streams. All
 requests are tasks of one event loop sharing one HTTP connection pool without its own limit
 (a pool limit would queue requests invisibly). The HTTP client is aiohttp, as vLLM's benchmark
-client: a streamed event costs it about 35 µs of CPU where httpx took 80 (`contbatch.bench.client`),
+client: a streamed event costs it about 35 µs of CPU where httpx took 90 (`benchmarks/bench_client.py`),
 and the client shares the machine it measures, or bounds the rate it can measure.
 """
 
