@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from contbatch.engine.argmax_head import ArgmaxHead
 from contbatch.engine.attention import AttentionMetadata, attention_kernels, paged_attention, windowed
 from contbatch.engine.device import resolve_device
 from contbatch.engine.host_memory import retain_freed_memory
@@ -134,6 +135,9 @@ class LlamaModel:
             self.lm_head_row_t = (
                 head.to(device=self.device, dtype=self.dtype).t().contiguous() if self.lm_head_t.is_mkldnn else None
             )
+            # A greedy step that reads no logits takes its argmax from the head in bfloat16, exactly
+            # (contbatch.engine.argmax_head); None where that does not run.
+            self.argmax_head = ArgmaxHead.build(head.to(device=self.device, dtype=self.dtype), self.lm_head_t)
         self.rotary = RotaryEmbedding(spec, dtype=self.dtype, device=self.device)
         self.scale = spec.head_dim**-0.5
 
@@ -191,6 +195,12 @@ class LlamaModel:
         return linear(activated, layer.down_t, layer.down_bias)
 
     @property
+    def argmax_only_head(self) -> bool:
+        """Whether `forward` can give each row's argmax alone (`argmax_only`), from the LM head in
+        bfloat16 (`contbatch.engine.argmax_head`)."""
+        return self.argmax_head is not None
+
+    @property
     def greedy_in_head(self) -> bool:
         """Whether `forward` can also give each row's argmax (`greedy_out`): the LM head is in the
         native kernels' column panels, whose product finds it while the logits are in cache."""
@@ -205,14 +215,19 @@ class LlamaModel:
         kv_cache: PagedKVCache,
         *,
         greedy_out: torch.Tensor | None = None,
+        argmax_only: bool = False,
     ) -> torch.Tensor:
         """Logits [len(meta.sample_indices), vocab] (float32) for flat `input_ids`, `positions` [T].
 
         Writes every token's K/V into `kv_cache` at `meta.slot_mapping`. With `greedy_out` (an
         int64 [rows] CPU tensor; only where `greedy_in_head`), also each row's `torch.argmax`.
+        With `argmax_only` (and `greedy_out`; only where `argmax_only_head`), the argmax alone: the
+        same tokens, the logits returned empty ([rows, 0]).
         """
         if greedy_out is not None and not self.greedy_in_head:
             raise ValueError("greedy_out needs the LM head in column panels (greedy_in_head)")
+        if argmax_only and (greedy_out is None or self.argmax_head is None):
+            raise ValueError("argmax_only needs greedy_out and the bfloat16 head (argmax_only_head)")
         if input_ids.shape != positions.shape or input_ids.shape[0] != meta.num_tokens:
             raise ValueError(f"input_ids {tuple(input_ids.shape)} / positions / metadata disagree on the token count")
         h = self.embed.index_select(0, input_ids)  # a new tensor: the residual stream is updated in place
@@ -227,7 +242,21 @@ class LlamaModel:
                 delta = self._mlp(self._add_norm(h, delta, layer.post_norm), layer)
         rows = meta.sample_indices  # the last residual add, for the sampled rows only
         last = None if delta is None else delta.index_select(0, rows)
-        return self._logits(self._add_norm(h.index_select(0, rows), last, self.final_norm), greedy_out).float()
+        h = self._add_norm(h.index_select(0, rows), last, self.final_norm)
+        if argmax_only and greedy_out is not None:  # (both, as checked above)
+            return self._argmax(h, greedy_out)
+        return self._logits(h, greedy_out).float()
+
+    def _argmax(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Each row's argmax into `out` from the bfloat16 head, the rows it leaves to float32 by the
+        panel product; empty logits [R, 0]."""
+        assert self.argmax_head is not None
+        left = self.argmax_head.argmax(h, out)
+        if left.numel():
+            picks = torch.empty(left.numel(), dtype=torch.long)
+            panel_product(h.index_select(0, left), self.lm_head_t, argmax=picks)
+            out[left] = picks
+        return h.new_empty((h.shape[0], 0))
 
     def _logits(self, h: torch.Tensor, greedy_out: torch.Tensor | None = None) -> torch.Tensor:
         """h [R, H] (final-normalised) times the LM head; one row through the plain matrix."""

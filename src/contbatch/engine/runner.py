@@ -30,6 +30,11 @@ Logits rows, per chunk:
 Requests with `logprobs` get one entry per returned token (`StepResult.logprobs`); all
 log-probabilities are the raw model distribution's (`sampling.logprobs_of`).
 
+A step that reads nothing of its logits but each row's argmax (every row one sampling chunk's,
+greedy, unadjusted, without log-probabilities: `_reads_argmax_only`) asks the model for the argmax
+alone where it can give it (`argmax_only_head`: the LM head in bfloat16, exactly float32's tokens,
+`contbatch.engine.argmax_head`), and takes each chunk's token without the sampler.
+
 Any exception in a step is raised as `StepError` carrying the ids of the step's requests, except
 a failure in sampling: then each sampling chunk is prepared and drawn again alone (with a
 throwaway generator) and the `StepError` names only the requests whose own rows fail, when any
@@ -239,10 +244,15 @@ class ModelRunner:
                 batch = self.build_batch(run, seqs, prompt_logprob_ids)
                 greedy = None  # each row's argmax, found by the LM head's product where it can and is read
                 rows = batch.sample_ids  # (the params read only where the head can find the argmax)
-                if self.model.greedy_in_head and rows and reads_known_argmax([seqs[r].params for r in rows]):
+                if self.model.argmax_only_head and rows and self._reads_argmax_only(batch, seqs):
                     greedy = torch.empty(len(rows), dtype=torch.long)
-                _, logits = self.compute_logits(run, seqs, batch=batch, greedy_out=greedy)
-                result = self._sample(batch, logits, seqs, greedy)
+                    self.compute_logits(run, seqs, batch=batch, greedy_out=greedy, argmax_only=True)
+                    result = self._take_argmax(batch, seqs, greedy.tolist())
+                else:
+                    if self.model.greedy_in_head and rows and reads_known_argmax([seqs[r].params for r in rows]):
+                        greedy = torch.empty(len(rows), dtype=torch.long)
+                    _, logits = self.compute_logits(run, seqs, batch=batch, greedy_out=greedy)
+                    result = self._sample(batch, logits, seqs, greedy)
             synchronize(self.device)  # a step that samples nothing (a prefill chunk, a swap) still queued work
             return result
         except StepError:
@@ -312,13 +322,44 @@ class ModelRunner:
         *,
         batch: FlatBatch | None = None,
         greedy_out: torch.Tensor | None = None,
+        argmax_only: bool = False,
     ) -> tuple[tuple[str, ...], torch.Tensor]:
         """(request id per row, float32 logits [rows, vocab]) for the chunks' rows (one per
         sampling chunk, one per token of a verification chunk); writes the chunks' KV. `batch`:
-        the chunks' flat batch, when already built; `greedy_out`: see `LlamaModel.forward`."""
+        the chunks' flat batch, when already built; `greedy_out`, `argmax_only`: see `LlamaModel.forward`."""
         batch = batch if batch is not None else self.build_batch(chunks, seqs)
-        logits = self.model.forward(batch.input_ids, batch.positions, batch.meta, self.kv_cache, greedy_out=greedy_out)
+        meta, cache = batch.meta, self.kv_cache
+        if argmax_only:
+            logits = self.model.forward(
+                batch.input_ids, batch.positions, meta, cache, greedy_out=greedy_out, argmax_only=True
+            )
+        else:
+            logits = self.model.forward(batch.input_ids, batch.positions, meta, cache, greedy_out=greedy_out)
         return batch.sample_ids, logits
+
+    @staticmethod
+    def _reads_argmax_only(batch: FlatBatch, seqs: Mapping[str, SequenceView]) -> bool:
+        """Whether the step reads nothing of its logits but each row's argmax: every row is a
+        sampling chunk's one row (no drafts to verify, no prompt log-probabilities), greedy, its
+        logits unadjusted, without log-probabilities."""
+        for span in batch.spans:
+            p = seqs[span.chunk.request_id].params
+            one_row = span.chunk.samples and span.num_rows == 1 and not span.verify and not span.prompt_logprobs
+            if not (one_row and p.greedy and not p.adjusts_logits and p.logprobs is None):
+                return False
+        return True
+
+    def _take_argmax(self, batch: FlatBatch, seqs: Mapping[str, SequenceView], tokens: list[int]) -> StepResult:
+        """The step's result when each row's token is its argmax (`_reads_argmax_only`), as
+        `_sample` would give it: each chunk's token, cut at a stop or the model's length."""
+        sampled: dict[str, tuple[int, ...]] = {}
+        finished: dict[str, FinishReason] = {}
+        for span in batch.spans:
+            rid = span.chunk.request_id
+            sampled[rid], reason = self._finish(span, seqs[rid], (tokens[span.row],))
+            if reason is not None:
+                finished[rid] = reason
+        return StepResult(sampled_token_ids=sampled, finished=finished)
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None or params.greedy:

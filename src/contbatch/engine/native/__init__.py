@@ -22,6 +22,10 @@ decoder layer's elementwise steps fused, and matrix products against weights pac
 - `pack_panels`, `panel_product` (`gemm.c`): weights in 16-column panels and their product, the
   `panels` layout of `contbatch.engine.linear` where `panel_packing()` says it is the faster
   (AVX2 and FMA; with AVX-512, two panels at a time in 512-bit registers).
+- `argmax_bf16` (`gemm.c`, AVX-512 builds): each row's argmax of a product as `panel_product`
+  finds it in float32, exactly, from the weight rounded to bfloat16 (`pack_panels_bf16`): half the
+  bytes streamed; the few columns the rounding's bound cannot rule out are summed again in
+  float32 (`contbatch.engine.model.ArgmaxHead`).
 
 They are C compiled on first use by the machine's compiler (`$CC`, else `cc`) with `FLAGS`
 (`-O3 -march=native -fopenmp`, ...) into one library, called through ctypes. `native_library()`
@@ -102,6 +106,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "pack_panels": ([_PTR, _I64, _I64, _PTR], None),  # w, N, K, packed
     # a, lda, packed, c, M, N, K, num_threads, argmax (NULL: none)
     "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT, _PTR], _INT),
+    "argmax_bf16_supported": ([], _INT),
+    # a, lda, head16, norms, rows32, M, N, K, bound, max_norm, num_threads, argmax
+    "argmax_bf16": ([_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _F32, _F32, _INT, _PTR], _INT),
 }  # fmt: skip
 
 
@@ -372,3 +379,59 @@ def panel_product(x: torch.Tensor, packed: torch.Tensor, *, argmax: torch.Tensor
         if failed:
             raise MemoryError("the native panel product could not allocate its argmax scratch")
     return out
+
+
+def argmax_bf16_supported() -> bool:
+    """Whether `argmax_bf16` runs here (the kernels' AVX-512 build)."""
+    library = native_library()
+    return library is not None and library.argmax_bf16_supported() == 1
+
+
+def pack_panels_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 weight [N, K] (N a multiple of 32) rounded to bfloat16 (to nearest, ties to even)
+    in `pack_panels`' layout, as an int16 tensor of N * K elements (`argmax_bf16` reads it)."""
+    n, k = weight.shape
+    if n % 32 or not _on_cpu(torch.float32, weight):
+        raise ValueError(f"a bfloat16 panel weight is a contiguous float32 [32 m, K] CPU matrix, got {(n, k)}")
+    panels = weight.view(n // 16, 16, k).permute(0, 2, 1).contiguous()
+    return panels.bfloat16().view(torch.int16).reshape(-1).contiguous()
+
+
+def argmax_bf16(
+    x: torch.Tensor,
+    head16: torch.Tensor,
+    norms: torch.Tensor,
+    rows32: torch.Tensor,
+    *,
+    bound: float,
+    max_norm: float,
+    out: torch.Tensor,
+) -> None:
+    """Each row's argmax of x [M, K] times the head (`rows32` [N, K] float32; `head16` its
+    `pack_panels_bf16`; `norms` [N] its rows' norms, `max_norm` their largest) into `out` (int64
+    [M]): float32's, exactly, as `panel_product(argmax=...)` finds it; -1 for a row the kernel
+    leaves to float32 (a norm not finite, too many candidates). `bound`: `ArgmaxHead`'s. ValueError
+    for tensors it does not read, NativeUnavailable without the kernel, MemoryError without scratch."""
+    library = native_library()
+    if library is None or library.argmax_bf16_supported() != 1:
+        raise NativeUnavailable("the bfloat16 argmax needs the kernels' AVX-512 build")
+    rows, width = x.shape
+    n = rows32.shape[0]
+    fits = (
+        rows32.shape == (n, width)
+        and norms.shape == (n,)
+        and head16.shape == (n * width,)
+        and head16.dtype == torch.int16
+        and out.shape == (rows,)
+        and _on_cpu(torch.float32, x, rows32, norms)
+        and _on_cpu(torch.int64, out)
+        and n % 32 == 0
+    )
+    if not fits:
+        raise ValueError(f"x {tuple(x.shape)} does not fit a bfloat16 head of {tuple(rows32.shape)}")
+    failed = library.argmax_bf16(
+        x.data_ptr(), width, head16.data_ptr(), norms.data_ptr(), rows32.data_ptr(), rows, n, width, bound,
+        max_norm, torch.get_num_threads(), out.data_ptr(),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("the bfloat16 argmax could not allocate its scratch")

@@ -21,6 +21,7 @@
    weights this way: this build has the AVX2 and FMA loops (with AVX-512 or without). Without
    AVX2 gemm_panels runs plain loops, right but slow. */
 
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -265,4 +266,181 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
   free(values);
   free(columns);
   return 0;
+}
+
+/* Each row's argmax of a . w^T as gemm_panels finds it (float32), from w rounded to bfloat16
+   (`head16`: pack_panels' layout, 16-bit elements; `rows32`: w itself, [N, K]; `norms`: each w
+   row's Euclidean norm). Each approximate logit v (the pair tile's sums, each bfloat16 widened to
+   float32 in the registers) is within e = bound * |a_r| * norms[col] + a tiny absolute term of
+   the float32 kernel's own (the caller's `bound`: the operands' rounding and both sides' float32
+   sums, with a margin); a column whose v + e is below the row's largest v - e cannot be its argmax.
+   The others (the candidates, a handful a row on trained models) are summed again in float32,
+   fused multiply-adds in k order from zero, which is what tile32 does in each lane: the same
+   bits, so the same argmax and the same first column on ties. A row whose norm is not finite or
+   too large, or whose candidates overflow CANDIDATES, gets -1 (the caller takes it in float32).
+   Full pairs only (N a multiple of 32) and AVX-512 builds: `argmax_bf16_supported`. 0, or -1
+   when its scratch could not be allocated (argmax untouched). */
+enum { CANDIDATES = 64 };
+
+int argmax_bf16_supported(void) {
+#if defined(GEMM_AVX512)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+#if defined(GEMM_AVX512)
+static inline __m512 widen_bf16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* tile32 over bfloat16 panels, its sums stored to t [rows, 32] */
+static inline __attribute__((always_inline)) void tile32_bf16(const float *a, int64_t lda, const uint16_t *panel,
+                                                              int64_t K, float *c, const int rows) {
+  const uint16_t *next = panel + NR * K, *ahead = panel + 2 * NR * K;
+  const int64_t ldc = 2 * NR;
+  Z_ALL(Z_DECLARE)
+  for (int64_t k = 0; k < K; k++) {
+    const __m512 b0 = widen_bf16(panel + k * NR), b1 = widen_bf16(next + k * NR);
+    if ((k & 1) == 0) { /* a cache line holds two k of a bfloat16 panel */
+      _mm_prefetch((const char *)(ahead + k * NR), _MM_HINT_T1);
+      _mm_prefetch((const char *)(ahead + NR * K + k * NR), _MM_HINT_T1);
+    }
+    Z_ALL(Z_MULTIPLY)
+  }
+  Z_ALL(Z_STORE)
+}
+
+#define ZB_CASE(r) \
+  case r: tile32_bf16(am, lda, panel, K, t, r); break;
+
+/* One thread's view of a row: its best lower bound and the columns that may still beat it. */
+typedef struct {
+  float lower;
+  int count, overflow;
+  int32_t column[CANDIDATES];
+  float upper[CANDIDATES];
+} Row;
+
+/* Row `row`'s candidates among one pair's 32 columns: `value` their approximate logits, e = scale *
+   norms + absolute; the bounds in vectors, a column kept only when its upper bound reaches the
+   row's best lower bound so far (rarely, once that bound has risen). */
+static void keep_pair(Row *row, const float *value, const float *norms, float scale, float absolute, int32_t first) {
+  const __m512 s = _mm512_set1_ps(scale), add = _mm512_set1_ps(absolute);
+  const __m512 v0 = _mm512_loadu_ps(value), v1 = _mm512_loadu_ps(value + NR);
+  const __m512 e0 = _mm512_fmadd_ps(s, _mm512_loadu_ps(norms), add);
+  const __m512 e1 = _mm512_fmadd_ps(s, _mm512_loadu_ps(norms + NR), add);
+  const float lower = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_sub_ps(v0, e0), _mm512_sub_ps(v1, e1)));
+  if (lower > row->lower) row->lower = lower;
+  const __m512 floor = _mm512_set1_ps(row->lower);
+  const uint32_t reach = (uint32_t)_mm512_cmp_ps_mask(_mm512_add_ps(v0, e0), floor, _CMP_GE_OQ) |
+                         (uint32_t)_mm512_cmp_ps_mask(_mm512_add_ps(v1, e1), floor, _CMP_GE_OQ) << NR;
+  for (uint32_t bits = reach; bits != 0 && !row->overflow; bits &= bits - 1) {
+    const int j = __builtin_ctz(bits);
+    const float upper = value[j] + (j < NR ? e0[j] : e1[j - NR]);
+    if (row->count == CANDIDATES) { /* drop those the lower bound has passed, then give up if still full */
+      int kept = 0;
+      for (int i = 0; i < row->count; i++)
+        if (row->upper[i] >= row->lower) {
+          row->column[kept] = row->column[i];
+          row->upper[kept++] = row->upper[i];
+        }
+      row->count = kept;
+      if (kept == CANDIDATES) {
+        row->overflow = 1;
+        break;
+      }
+    }
+    row->column[row->count] = first + j;
+    row->upper[row->count++] = upper;
+  }
+}
+
+static float exact_logit(const float *a, const float *w, int64_t K) {
+  float sum = 0.f;
+  for (int64_t k = 0; k < K; k++) sum = fmaf(a[k], w[k], sum);
+  return sum;
+}
+#endif
+
+int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float *norms, const float *rows32,
+                int64_t M, int64_t N, int64_t K, float bound, float max_norm, int num_threads, int64_t *argmax) {
+#if defined(GEMM_AVX512)
+  float *scale = malloc(sizeof(float) * (M > 0 ? M : 1)); /* bound * |a_r|, or NAN: the row goes to float32 */
+  Row *state = malloc(sizeof(Row) * (M > 0 ? M : 1) * num_threads);
+  if (scale == NULL || state == NULL) {
+    free(scale);
+    free(state);
+    return -1;
+  }
+  const float tiny = (float)K * 0x1p-120f; /* subnormal operands and sums: far below any e that matters */
+  for (int64_t r = 0; r < M; r++) {
+    double squares = 0.;
+    for (int64_t k = 0; k < K; k++) squares += (double)a[r * lda + k] * a[r * lda + k];
+    const float norm = (float)sqrt(squares);
+    scale[r] = isfinite(norm) && norm * max_norm < 1e30f ? bound * norm : NAN;
+  }
+  for (int64_t i = 0; i < M * num_threads; i++) {
+    state[i].lower = -INFINITY;
+    state[i].count = state[i].overflow = 0;
+  }
+  const int64_t pairs = N / (2 * NR);
+#pragma omp parallel num_threads(num_threads)
+  {
+    Row *mine = state + (int64_t)omp_get_thread_num() * M;
+    float t[MR512 * 2 * NR];
+#pragma omp for schedule(dynamic, PANELS_PER_GRAB / 2)
+    for (int64_t p = 0; p < pairs; p++) {
+      const uint16_t *panel = head16 + p * 2 * NR * K;
+      for (int64_t m0 = 0; m0 < M; m0 += MR512) {
+        const int64_t rows = M - m0 < MR512 ? M - m0 : MR512;
+        const float *am = a + m0 * lda;
+        switch (rows) {
+          ZB_CASE(1) ZB_CASE(2) ZB_CASE(3) ZB_CASE(4) ZB_CASE(5) ZB_CASE(6) ZB_CASE(7)
+          ZB_CASE(8) ZB_CASE(9) ZB_CASE(10) ZB_CASE(11) ZB_CASE(12) ZB_CASE(13) ZB_CASE(14)
+          default: break;
+        }
+        for (int64_t r = 0; r < rows; r++) {
+          const float sr = scale[m0 + r];
+          if (!isnan(sr))
+            keep_pair(mine + m0 + r, t + r * 2 * NR, norms + p * 2 * NR, sr, tiny * (sr + 1.f), (int32_t)(p * 2 * NR));
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < M; r++) { /* the threads' candidates above the best lower bound, summed in float32 */
+    float lower = -INFINITY;
+    int fallback = isnan(scale[r]);
+    for (int th = 0; th < num_threads; th++) {
+      const Row *row = state + (int64_t)th * M + r;
+      fallback |= row->overflow;
+      if (row->lower > lower) lower = row->lower;
+    }
+    int64_t pick = -1;
+    float best = -INFINITY;
+    for (int th = 0; th < num_threads && !fallback; th++) {
+      const Row *row = state + (int64_t)th * M + r;
+      for (int i = 0; i < row->count; i++) {
+        if (row->upper[i] < lower) continue;
+        const int64_t column = row->column[i];
+        const float value = exact_logit(a + r * lda, rows32 + column * K, K);
+        if (!isfinite(value)) fallback = 1;
+        if (pick < 0 || value > best || (value == best && column < pick)) {
+          pick = column;
+          best = value;
+        }
+      }
+    }
+    argmax[r] = fallback || pick < 0 ? -1 : pick;
+  }
+  free(scale);
+  free(state);
+  return 0;
+#else
+  (void)a, (void)lda, (void)head16, (void)norms, (void)rows32, (void)N, (void)K, (void)bound, (void)max_norm;
+  (void)num_threads;
+  for (int64_t r = 0; r < M; r++) argmax[r] = -1;
+  return 0;
+#endif
 }
