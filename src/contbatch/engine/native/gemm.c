@@ -19,7 +19,8 @@
    are in cache; the threads' results merged after), which a greedy step would otherwise read
    the whole [M, N] product again for. gemm_preferred() says whether the engine should pack its
    weights this way: this build has the AVX2 and FMA loops (with AVX-512 or without). Without
-   AVX2 gemm_panels runs plain loops, right but slow. */
+   AVX2 gemm_panels runs plain loops, right but slow. argmax_bf16 (at the end, AVX-512 builds)
+   finds the same argmax from the weight's bfloat16 panels, exactly. */
 
 #include <math.h>
 #include <omp.h>
