@@ -232,7 +232,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     result["params_multiplied"] = multiplied
     peak = statistics.median(matmul_flops() for _ in range(3))
     read = roofline_bytes(runner.spec, total, max(args.batches), args.context)  # the largest decode step's
-    bandwidth = statistics.median(stream_bandwidth(max(read, 64 * 1024**2)) for _ in range(3))
+    bandwidth = statistics.median(stream_bandwidth(read) for _ in range(3))
     result |= {"gflops": peak / 1e9, "bandwidth_gbs": bandwidth / 1e9}
     shapes = {f"decode_{b}": [args.context] * b for b in args.batches}
     shapes |= {f"decode_{b}_mixed": mixed_contexts(b, args.context) for b in args.batches if b > 1 and args.mixed}

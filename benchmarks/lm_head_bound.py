@@ -8,10 +8,10 @@ bfloat16 (w~), each logit computed from them differs from float32's by at most
 
     e_v = c * ||h||_2 * ||w_v||_2,   c = u_w + u_h + u_w u_h + 2 gamma_K (1 + u_w) (1 + u_h),
 
-(u = 2^-8 for a bfloat16 operand, 0 for a float32 one; gamma_K = K 2^-24 / (1 - K 2^-24) for the
-float32 sums of K products, both sides; Cauchy-Schwarz for sum |h_k| |w_vk|). A column whose
-approximate logit plus its bound is below the largest, over the row's columns, of approximate
-logit minus bound cannot be float32's argmax; the others (the candidates), summed again in
+(c times 1.01: `contbatch.engine.argmax_head.bound_for`; u = 2^-8 for a bfloat16 operand, 0 for
+a float32 one; gamma_K = K 2^-24 / (1 - K 2^-24) for the float32 sums of K products, both
+sides; Cauchy-Schwarz for sum |h_k| |w_vk|). A column whose approximate logit plus its bound is
+below the largest, over the row's columns, of approximate logit minus bound cannot be float32's argmax; the others (the candidates), summed again in
 float32 as the kernel sums, give float32's argmax exactly. `contbatch.engine.argmax_head` does
 this with the first variant below; what it sums again is the candidates per row, measured here
 on the demo model's real hidden states: the engine decodes --requests prompts for --tokens tokens
@@ -75,10 +75,9 @@ def hidden_states(requests: int, tokens: int) -> tuple[torch.Tensor, torch.Tenso
 
 def candidates(h: torch.Tensor, w: torch.Tensor, *, bf16_h: bool) -> dict[str, Any]:
     """Candidates per row with the head in bfloat16 (and h too, with `bf16_h`)."""
-    k = w.shape[1]
-    u_w, u_h = 2.0**-8, (2.0**-8 if bf16_h else 0.0)
-    gamma = k * 2.0**-24 / (1 - k * 2.0**-24)
-    c = (u_w + u_h + u_w * u_h + 2 * gamma * (1 + u_w) * (1 + u_h)) * 1.01  # (1 %: the bound's own rounding)
+    from contbatch.engine.argmax_head import bound_for
+
+    c = bound_for(w.shape[1], rounded_operands=2 if bf16_h else 1)
     approx_h = h.bfloat16().float() if bf16_h else h
     exact = h.double() @ w.double().T  # the real sums, for the measured error
     approx = approx_h @ w.bfloat16().float().T

@@ -190,7 +190,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
         write_results,
     )
     from contbatch.bench.runner import RunConfig, run
-    from contbatch.cli.collector import freeze_startup_heap
+    from contbatch.collector import freeze_startup_heap
 
     try:
         _check(args)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from contbatch import __version__
-from contbatch.cli.collector import collector_paused
+from contbatch.collector import collector_paused
 
 # command -> (its module; the function adding its parser; the function running it), in the order
 # of the command list; one parser function may add several commands

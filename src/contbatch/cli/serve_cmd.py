@@ -21,7 +21,7 @@ request head has not (`contbatch.server.connections`); ``--limit-concurrency`` (
 connections (uvicorn answers 503 beyond it); ``--tokenizer-workers`` (2) and ``--tokenizer-queue`` (64) bound
 the tokenization of long prompts (503 beyond).
 
-Before it serves, the process freezes its start-up heap (`contbatch.cli.collector.freeze_startup_heap`).
+Before it serves, the process freezes its start-up heap (`contbatch.collector.freeze_startup_heap`).
 
 Bad flags exit 2 with one line on stderr, as for the other commands.
 """
@@ -32,8 +32,8 @@ import argparse
 import sys
 from typing import Any
 
-from contbatch.cli.collector import freeze_startup_heap
 from contbatch.cli.options import UsageError, cost_model, scheduler_config
+from contbatch.collector import freeze_startup_heap
 from contbatch.core import SCHEDULERS
 from contbatch.core.config import PRESETS
 from contbatch.sim.cost import cost_help

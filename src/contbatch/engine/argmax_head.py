@@ -35,10 +35,12 @@ from contbatch.engine.linear import in_panels
 _U = 2.0**-8  # bfloat16's unit roundoff
 
 
-def bound_for(width: int) -> float:
-    """BOUND of the module docstring for sums of `width` products."""
+def bound_for(width: int, rounded_operands: int = 1) -> float:
+    """BOUND of the module docstring for sums of `width` products, the weight rounded to bfloat16
+    (`rounded_operands` 2: h too, as `vdpbf16ps` takes it; `benchmarks/lm_head_bound.py`)."""
     gamma = width * 2.0**-24 / (1 - width * 2.0**-24)
-    return (_U + 2 * gamma * (1 + _U)) * 1.01
+    rounding = (1 + _U) ** rounded_operands
+    return (rounding - 1 + 2 * gamma * rounding) * 1.01
 
 
 @dataclass(frozen=True, slots=True)

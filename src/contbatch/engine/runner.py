@@ -328,13 +328,8 @@ class ModelRunner:
         sampling chunk, one per token of a verification chunk); writes the chunks' KV. `batch`:
         the chunks' flat batch, when already built; `greedy_out`, `argmax_only`: see `LlamaModel.forward`."""
         batch = batch if batch is not None else self.build_batch(chunks, seqs)
-        meta, cache = batch.meta, self.kv_cache
-        if argmax_only:
-            logits = self.model.forward(
-                batch.input_ids, batch.positions, meta, cache, greedy_out=greedy_out, argmax_only=True
-            )
-        else:
-            logits = self.model.forward(batch.input_ids, batch.positions, meta, cache, greedy_out=greedy_out)
+        ids, positions, meta = batch.input_ids, batch.positions, batch.meta
+        logits = self.model.forward(ids, positions, meta, self.kv_cache, greedy_out=greedy_out, argmax_only=argmax_only)
         return batch.sample_ids, logits
 
     @staticmethod

@@ -12,19 +12,6 @@ say) waits for the next automatic collection after the run.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contbatch.collector import cyclic_gc_paused
 
-
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the block (restored after, as it was); usable as a
-    decorator too."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+__all__ = ["cyclic_gc_paused"]

@@ -1,12 +1,27 @@
-"""The cyclic garbage collector around the commands: paused through a simulation
-(`collector_paused`), and the start-up heap frozen before a server or a load generator runs
-(`freeze_startup_heap`)."""
+"""CPython's cyclic garbage collector around work that makes no reference cycles: paused while it
+runs (`cyclic_gc_paused`: the simulators' loops, `contbatch.sim.no_cycles`), paused with what it
+allocated promoted on the way out (`collector_paused`: the simulation commands), and the start-up
+heap frozen before a server or a load generator runs (`freeze_startup_heap`). Imports nothing
+of contbatch's: the simulator and the command line both use it."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (restored after, as it was); usable as a
+    decorator too."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextmanager
@@ -23,15 +38,13 @@ def collector_paused() -> Iterator[None]:
     frozen set is left as it is); a cycle made in the block is found by the next full
     collection. The collector's state is restored on exit, exception or not."""
     enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if gc.get_freeze_count() == 0:
+    with cyclic_gc_paused():
+        try:
+            yield
+        finally:
+            if enabled and gc.get_freeze_count() == 0:
                 gc.freeze()
                 gc.unfreeze()
-            gc.enable()
 
 
 def freeze_startup_heap() -> None:
