@@ -13,12 +13,13 @@ a float32 one; gamma_K = K 2^-24 / (1 - K 2^-24) for the float32 sums of K produ
 sides; Cauchy-Schwarz for sum |h_k| |w_vk|). A column whose approximate logit plus its bound is
 below the largest, over the row's columns, of approximate logit minus bound cannot be float32's
 argmax; the others (the candidates), summed again in float32 as the kernel sums, give float32's
-argmax exactly. `contbatch.engine.argmax_head` does this with the first variant below; what it
-sums again is the candidates per row, measured here on the demo model's real hidden states: the
-engine decodes --requests prompts for --tokens tokens each (greedy, past any end of sequence),
-and every row that reaches the LM head is taken (its final-normalised hidden state h). Two
-variants: w in bfloat16 and h in float32 (float32 multiply-adds), and both in bfloat16
-(`vdpbf16ps`: twice the multiply-adds an instruction). Also printed: the largest measured error
+argmax exactly. `contbatch.engine.argmax_head` does this with both variants below, one for each
+of its kernels; what it sums again is the candidates per row, measured here on the demo model's
+real hidden states: the engine decodes --requests prompts for --tokens tokens each (greedy, past
+any end of sequence), and every row that reaches the LM head is taken (its final-normalised
+hidden state h). Two variants: w in bfloat16 and h in float32 (the "vectors" kernel: AVX-512's
+float32 multiply-adds), and both in bfloat16 (the "tiles" kernel: AMX's tdpbf16ps, sixteen
+rows by sixteen columns by thirty-two k an instruction). Also printed: the largest measured error
 as a share of the bound (the bound must never be exceeded). Prints a table, writes JSON
 (--json-out).
 """

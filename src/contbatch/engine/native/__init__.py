@@ -23,9 +23,11 @@ decoder layer's elementwise steps fused, and matrix products against weights pac
   `panels` layout of `contbatch.engine.linear` where `panel_packing()` says it is the faster
   (AVX2 and FMA; with AVX-512, two panels at a time in 512-bit registers).
 - `argmax_bf16` (`gemm.c`, AVX-512 builds): each row's argmax of a product as `panel_product`
-  finds it in float32, exactly, from the weight rounded to bfloat16 (`pack_panels_bf16`): half the
+  finds it in float32, exactly, from the weight rounded to bfloat16 (`pack_head_bf16`): half the
   bytes streamed; the few columns the rounding's bound cannot rule out are summed again in
-  float32 (`contbatch.engine.model.ArgmaxHead`).
+  float32 (`contbatch.engine.argmax_head.ArgmaxHead`). Two kernels: AVX-512's vector units, and
+  on CPUs with AMX its tile unit (x rounded to bfloat16 too), which multiplies fast enough that
+  the product waits on memory alone.
 
 They are C compiled on first use by the machine's compiler (`$CC`, else `cc`) with `FLAGS`
 (`-O3 -march=native -fopenmp`, ...) into one library, called through ctypes. `native_library()`
@@ -57,10 +59,13 @@ import os
 import platform
 import subprocess
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from contbatch.engine.host_memory import huge_page_empty
 
@@ -106,9 +111,9 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
     "pack_panels": ([_PTR, _I64, _I64, _PTR], None),  # w, N, K, packed
     # a, lda, packed, c, M, N, K, num_threads, argmax (NULL: none)
     "gemm_panels": ([_PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _INT, _PTR], _INT),
-    "argmax_bf16_supported": ([], _INT),
-    # a, lda, head16, norms, rows32, M, N, K, bound, max_norm, num_threads, argmax
-    "argmax_bf16": ([_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _F32, _F32, _INT, _PTR], _INT),
+    "argmax_bf16_kernels": ([], _INT),
+    # a, lda, head16, norms, rows32, M, N, K, bound, max_norm, kernel, num_threads, argmax
+    "argmax_bf16": ([_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _F32, _F32, _INT, _INT, _PTR], _INT),
 }  # fmt: skip
 
 
@@ -381,20 +386,48 @@ def panel_product(x: torch.Tensor, packed: torch.Tensor, *, argmax: torch.Tensor
     return out
 
 
-def argmax_bf16_supported() -> bool:
-    """Whether `argmax_bf16` runs here (the kernels' AVX-512 build)."""
+@dataclass(frozen=True, slots=True)
+class Bf16ArgmaxKernel:
+    """One of `argmax_bf16`'s kernels (`gemm.c`): its code there, how many of the product's two
+    operands it rounds to bfloat16 (1: the weight; 2: x too), and the multiple its weight's rows are
+    padded to with zeros (`pack_head_bf16`)."""
+
+    code: int
+    rounded_operands: int
+    row_multiple: int
+    layout: Callable[[torch.Tensor], torch.Tensor]  # [N, padded K] bfloat16 -> its elements in order
+
+    def padded(self, width: int) -> int:
+        return -(-width // self.row_multiple) * self.row_multiple
+
+
+# fastest first: AMX's tile unit multiplies bfloat16 at many times the vector units' rate (the
+# step then waits on memory alone), at the price of x rounded too (about twice the candidates)
+BF16_ARGMAX_KERNELS = {
+    "tiles": Bf16ArgmaxKernel(2, 2, 32, lambda w: w.view(w.shape[0] // 16, 16, w.shape[1] // 2, 2).transpose(1, 2)),
+    "vectors": Bf16ArgmaxKernel(1, 1, 1, lambda w: w.view(w.shape[0] // 16, 16, w.shape[1]).transpose(1, 2)),
+}
+
+
+def argmax_bf16_kernels() -> list[str]:
+    """The `BF16_ARGMAX_KERNELS` this build and CPU run, fastest first: "vectors" in the kernels'
+    AVX-512 build, "tiles" where the CPU has AMX and Linux grants this process its tile state."""
     library = native_library()
-    return library is not None and library.argmax_bf16_supported() == 1
+    available = 0 if library is None else library.argmax_bf16_kernels()
+    return [name for name, kernel in BF16_ARGMAX_KERNELS.items() if available & kernel.code]
 
 
-def pack_panels_bf16(weight: torch.Tensor) -> torch.Tensor:
+def pack_head_bf16(weight: torch.Tensor, kernel: str) -> torch.Tensor:
     """A float32 weight [N, K] (N a multiple of 32) rounded to bfloat16 (to nearest, ties to even)
-    in `pack_panels`' layout, as an int16 tensor of N * K elements (`argmax_bf16` reads it)."""
+    as `kernel` reads it, an int16 tensor of N * padded(K) elements: "vectors", `pack_panels`'
+    layout; "tiles", for each 16 rows of the weight and each pair of k, the 16 rows' two elements
+    (AMX's layout for tdpbf16ps), K padded with zeros to a multiple of 32."""
     n, k = weight.shape
     if n % 32 or not _on_cpu(torch.float32, weight):
-        raise ValueError(f"a bfloat16 panel weight is a contiguous float32 [32 m, K] CPU matrix, got {(n, k)}")
-    panels = weight.view(n // 16, 16, k).permute(0, 2, 1).contiguous()
-    return panels.bfloat16().view(torch.int16).reshape(-1).contiguous()
+        raise ValueError(f"a bfloat16 head is a contiguous float32 [32 m, K] CPU matrix, got {(n, k)}")
+    chosen = BF16_ARGMAX_KERNELS[kernel]
+    rows = F.pad(weight, (0, chosen.padded(k) - k)).bfloat16()
+    return chosen.layout(rows).contiguous().view(torch.int16).reshape(-1)
 
 
 def argmax_bf16(
@@ -403,24 +436,25 @@ def argmax_bf16(
     norms: torch.Tensor,
     rows32: torch.Tensor,
     *,
+    kernel: str,
     bound: float,
     max_norm: float,
     out: torch.Tensor,
 ) -> None:
     """Each row's argmax of x [M, K] times the head (`rows32` [N, K] float32; `head16` its
-    `pack_panels_bf16`; `norms` [N] its rows' norms, `max_norm` their largest) into `out` (int64
-    [M]): float32's, exactly, as `panel_product(argmax=...)` finds it; -1 for a row the kernel
-    leaves to float32 (a norm not finite, too many candidates). `bound`: `ArgmaxHead`'s. ValueError
-    for tensors it does not read, NativeUnavailable without the kernel, MemoryError without scratch."""
-    library = native_library()
-    if library is None or library.argmax_bf16_supported() != 1:
-        raise NativeUnavailable("the bfloat16 argmax needs the kernels' AVX-512 build")
+    `pack_head_bf16` for `kernel`; `norms` [N] its rows' norms, `max_norm` their largest) into `out`
+    (int64 [M]): float32's, exactly, as `panel_product(argmax=...)` finds it; -1 for a row the
+    kernel leaves to float32 (a norm not finite, too many candidates). `bound`: `ArgmaxHead`'s.
+    ValueError for tensors it does not read, NativeUnavailable where `kernel` does not run,
+    MemoryError without scratch."""
+    if kernel not in argmax_bf16_kernels():
+        raise NativeUnavailable(f"the bfloat16 argmax's {kernel!r} kernel does not run here")
     rows, width = x.shape
     n = rows32.shape[0]
     fits = (
         rows32.shape == (n, width)
         and norms.shape == (n,)
-        and head16.shape == (n * width,)
+        and head16.shape == (n * BF16_ARGMAX_KERNELS[kernel].padded(width),)
         and head16.dtype == torch.int16
         and out.shape == (rows,)
         and _on_cpu(torch.float32, x, rows32, norms)
@@ -429,9 +463,11 @@ def argmax_bf16(
     )
     if not fits:
         raise ValueError(f"x {tuple(x.shape)} does not fit a bfloat16 head of {tuple(rows32.shape)}")
+    library = native_library()
+    assert library is not None  # (argmax_bf16_kernels names none without it)
     failed = library.argmax_bf16(
         x.data_ptr(), width, head16.data_ptr(), norms.data_ptr(), rows32.data_ptr(), rows, n, width, bound,
-        max_norm, torch.get_num_threads(), out.data_ptr(),
+        max_norm, BF16_ARGMAX_KERNELS[kernel].code, torch.get_num_threads(), out.data_ptr(),
     )  # fmt: skip
     if failed:
         raise MemoryError("the bfloat16 argmax could not allocate its scratch")

@@ -270,25 +270,51 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
 }
 
 /* Each row's argmax of a . w^T as gemm_panels finds it (float32), from w rounded to bfloat16
-   (`head16`: pack_panels' layout, 16-bit elements; `rows32`: w itself, [N, K]; `norms`: each w
-   row's Euclidean norm). Each approximate logit v (the pair tile's sums, each bfloat16 widened to
-   float32 in the registers) is within e = bound * |a_r| * norms[col] + a tiny absolute term of
-   the float32 kernel's own (the caller's `bound`: the operands' rounding and both sides' float32
-   sums, with a margin); a column whose v + e is below the row's largest v - e cannot be its argmax.
+   (`head16`; `rows32`: w itself, [N, K]; `norms`: each w row's Euclidean norm), by one of two
+   kernels (`kernel`, a bit of argmax_bf16_kernels()):
+   - VECTORS (AVX-512): head16 in pack_panels' layout (16-bit elements), each bfloat16 widened to
+     float32 in the registers and multiplied by a in float32 (the pair tile, tile32_bf16);
+   - TILES (AMX): head16 in the tile layout (for each 16 columns, each pair of k: the 16 columns'
+     two elements; K padded with zeros to TILE_K), a rounded to bfloat16 too (to nearest), the
+     products of 32 rows by 32 columns summed in float32 by the tile unit (tdpbf16ps: subnormal
+     inputs and results flushed to zero, which the absolute term below covers).
+   Each approximate logit v is within e = bound * |a_r| * norms[col] + K 2^-120 (|a_r| + max_norm
+   + 1) of the float32 kernel's own (the caller's `bound`: the operands' rounding and both sides'
+   float32 sums, with a margin; the absolute term: subnormals and underflow, far below any e that
+   matters); a column whose v + e is below the row's largest v - e cannot be its argmax.
    The others (the candidates, a handful a row on trained models) are summed again in float32,
    fused multiply-adds in k order from zero, which is what tile32 does in each lane: the same
    bits, so the same argmax and the same first column on ties. A row whose norm is not finite or
    too large, or whose candidates overflow CANDIDATES, gets -1 (the caller takes it in float32).
-   Full pairs only (N a multiple of 32) and AVX-512 builds: `argmax_bf16_supported`. 0, or -1
-   when its scratch could not be allocated (argmax untouched). */
-enum { CANDIDATES = 64 };
+   Full pairs only (N a multiple of 32). 0; -1 when its scratch could not be allocated, -2 for a
+   kernel this build does not run (argmax untouched). */
+enum { CANDIDATES = 64, VECTORS = 1, TILES = 2, TILE_K = 32 };
 
-int argmax_bf16_supported(void) {
-#if defined(GEMM_AVX512)
-  return 1;
-#else
-  return 0;
+#if defined(GEMM_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define GEMM_AMX 1
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux hands a process the tile registers' state only once asked (arch_prctl ARCH_REQ_XCOMP_PERM
+   for XFEATURE_XTILEDATA); oneDNN asks the same. Asked once; a refusal (an old kernel, a hypervisor
+   that hides the state) leaves the vector kernel. */
+static int tiles_permitted(void) {
+  static int permitted = -1;
+  if (permitted < 0) permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return permitted;
+}
 #endif
+
+int argmax_bf16_kernels(void) {
+  int kernels = 0;
+#if defined(GEMM_AVX512)
+  kernels |= VECTORS;
+#endif
+#if defined(GEMM_AMX)
+  if (tiles_permitted()) kernels |= TILES;
+#endif
+  return kernels;
 }
 
 #if defined(GEMM_AVX512)
@@ -365,23 +391,95 @@ static float exact_logit(const float *a, const float *w, int64_t K) {
 }
 #endif
 
+#if defined(GEMM_AMX)
+/* The tile unit's shape for tdpbf16ps: every tile 16 rows of 64 bytes. Tiles 0-3 hold sums (rows
+   [0, 16) and [16, 32) of a block, by the pair's two panels), 4-5 a's rows, 6-7 the panels. */
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+} TileShape;
+
+static void shape_tiles(void) {
+  TileShape shape;
+  memset(&shape, 0, sizeof shape);
+  shape.palette = 1;
+  for (int i = 0; i < 8; i++) {
+    shape.rows[i] = 16;
+    shape.bytes_per_row[i] = 64;
+  }
+  _tile_loadconfig(&shape);
+}
+
+/* a [M, K] float32 rounded to bfloat16 (to nearest, ties to even) into a16 [ceil(M / 32) 32, Kp],
+   zeros past M and past K */
+static void round_rows_bf16(const float *a, int64_t lda, int64_t M, int64_t K, int64_t Kp, uint16_t *a16) {
+  const int64_t padded_rows = (M + 2 * NR - 1) / (2 * NR) * (2 * NR);
+  for (int64_t r = 0; r < padded_rows; r++)
+    for (int64_t k = 0; k < Kp; k++) {
+      uint32_t bits = 0;
+      if (r < M && k < K) memcpy(&bits, a + r * lda + k, 4);
+      a16[r * Kp + k] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    }
+}
+
+/* The sums of a16's rows [m0, m0 + rows) (rows <= 32) by one pair's two panels (tile layout),
+   stored to t [rows, 32] */
+static void pair_tiles(const uint16_t *a16, int64_t Kp, const uint16_t *pair, float *t, int64_t rows) {
+  const uint16_t *second = pair + NR * Kp;
+  const int two = rows > NR;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < Kp; k += TILE_K) {
+    _tile_loadd(4, a16 + k, 2 * Kp);
+    _tile_loadd(6, pair + k * NR, 64);
+    _tile_loadd(7, second + k * NR, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, a16 + NR * Kp + k, 2 * Kp);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, t, 2 * NR * 4);
+  _tile_stored(1, t + NR, 2 * NR * 4);
+  if (two) {
+    _tile_stored(2, t + NR * 2 * NR, 2 * NR * 4);
+    _tile_stored(3, t + NR * 2 * NR + NR, 2 * NR * 4);
+  }
+}
+#endif
+
 int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float *norms, const float *rows32,
-                int64_t M, int64_t N, int64_t K, float bound, float max_norm, int num_threads, int64_t *argmax) {
+                int64_t M, int64_t N, int64_t K, float bound, float max_norm, int kernel, int num_threads,
+                int64_t *argmax) {
+  if ((argmax_bf16_kernels() & kernel) == 0 || (kernel != VECTORS && kernel != TILES)) return -2;
 #if defined(GEMM_AVX512)
+  const int64_t Kp = kernel == TILES ? (K + TILE_K - 1) / TILE_K * TILE_K : K, block = kernel == TILES ? 2 * NR : MR512;
   float *scale = malloc(sizeof(float) * (M > 0 ? M : 1)); /* bound * |a_r|, or NAN: the row goes to float32 */
+  float *absolute = malloc(sizeof(float) * (M > 0 ? M : 1));
   Row *state = malloc(sizeof(Row) * (M > 0 ? M : 1) * num_threads);
-  if (scale == NULL || state == NULL) {
+  uint16_t *a16 = kernel == TILES ? malloc(sizeof(uint16_t) * ((M + block - 1) / block * block) * Kp + 64) : NULL;
+  if (scale == NULL || absolute == NULL || state == NULL || (kernel == TILES && a16 == NULL)) {
     free(scale);
+    free(absolute);
     free(state);
+    free(a16);
     return -1;
   }
-  const float tiny = (float)K * 0x1p-120f; /* subnormal operands and sums: far below any e that matters */
   for (int64_t r = 0; r < M; r++) {
     double squares = 0.;
     for (int64_t k = 0; k < K; k++) squares += (double)a[r * lda + k] * a[r * lda + k];
     const float norm = (float)sqrt(squares);
-    scale[r] = isfinite(norm) && norm * max_norm < 1e30f ? bound * norm : NAN;
+    scale[r] = isfinite(norm) && norm < 1e30f && norm * max_norm < 1e30f ? bound * norm : NAN;
+    absolute[r] = (float)K * 0x1p-120f * (norm + max_norm + 1.f);
   }
+#if defined(GEMM_AMX)
+  if (kernel == TILES) round_rows_bf16(a, lda, M, K, Kp, a16);
+#endif
   for (int64_t i = 0; i < M * num_threads; i++) {
     state[i].lower = -INFINITY;
     state[i].count = state[i].overflow = 0;
@@ -390,25 +488,34 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
 #pragma omp parallel num_threads(num_threads)
   {
     Row *mine = state + (int64_t)omp_get_thread_num() * M;
-    float t[MR512 * 2 * NR];
+    float t[2 * NR * 2 * NR];
+#if defined(GEMM_AMX)
+    if (kernel == TILES) shape_tiles();
+#endif
 #pragma omp for schedule(dynamic, PANELS_PER_GRAB / 2)
     for (int64_t p = 0; p < pairs; p++) {
-      const uint16_t *panel = head16 + p * 2 * NR * K;
-      for (int64_t m0 = 0; m0 < M; m0 += MR512) {
-        const int64_t rows = M - m0 < MR512 ? M - m0 : MR512;
+      const uint16_t *panel = head16 + p * 2 * NR * Kp;
+      for (int64_t m0 = 0; m0 < M; m0 += block) {
+        const int64_t rows = M - m0 < block ? M - m0 : block;
         const float *am = a + m0 * lda;
-        switch (rows) {
-          ZB_CASE(1) ZB_CASE(2) ZB_CASE(3) ZB_CASE(4) ZB_CASE(5) ZB_CASE(6) ZB_CASE(7)
-          ZB_CASE(8) ZB_CASE(9) ZB_CASE(10) ZB_CASE(11) ZB_CASE(12) ZB_CASE(13) ZB_CASE(14)
-          default: break;
-        }
+#if defined(GEMM_AMX)
+        if (kernel == TILES) pair_tiles(a16 + m0 * Kp, Kp, panel, t, rows);
+#endif
+        if (kernel == VECTORS) switch (rows) {
+            ZB_CASE(1) ZB_CASE(2) ZB_CASE(3) ZB_CASE(4) ZB_CASE(5) ZB_CASE(6) ZB_CASE(7)
+            ZB_CASE(8) ZB_CASE(9) ZB_CASE(10) ZB_CASE(11) ZB_CASE(12) ZB_CASE(13) ZB_CASE(14)
+            default: break;
+          }
         for (int64_t r = 0; r < rows; r++) {
           const float sr = scale[m0 + r];
           if (!isnan(sr))
-            keep_pair(mine + m0 + r, t + r * 2 * NR, norms + p * 2 * NR, sr, tiny * (sr + 1.f), (int32_t)(p * 2 * NR));
+            keep_pair(mine + m0 + r, t + r * 2 * NR, norms + p * 2 * NR, sr, absolute[m0 + r], (int32_t)(p * 2 * NR));
         }
       }
     }
+#if defined(GEMM_AMX)
+    if (kernel == TILES) _tile_release();
+#endif
   }
   for (int64_t r = 0; r < M; r++) { /* the threads' candidates above the best lower bound, summed in float32 */
     float lower = -INFINITY;
@@ -436,12 +543,13 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
     argmax[r] = fallback || pick < 0 ? -1 : pick;
   }
   free(scale);
+  free(absolute);
   free(state);
+  free(a16);
   return 0;
 #else
-  (void)a, (void)lda, (void)head16, (void)norms, (void)rows32, (void)N, (void)K, (void)bound, (void)max_norm;
-  (void)num_threads;
-  for (int64_t r = 0; r < M; r++) argmax[r] = -1;
-  return 0;
+  (void)a, (void)lda, (void)head16, (void)norms, (void)rows32, (void)M, (void)N, (void)K, (void)bound;
+  (void)max_norm, (void)num_threads, (void)argmax;
+  return -2;
 #endif
 }
