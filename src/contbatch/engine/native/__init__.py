@@ -72,8 +72,8 @@ from contbatch.engine.host_memory import huge_page_empty
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "paged_decode.c", HERE / "fused.c", HERE / "gemm.c")  # built into one library
-HEADERS = (HERE / "exp_nonpositive.h",)
+SOURCES = (HERE / "paged_decode.c", HERE / "fused.c", HERE / "gemm.c", HERE / "tiles.c")  # built into one library
+HEADERS = (HERE / "exp_nonpositive.h", HERE / "tiles.h")
 # -fno-trapping-math: no floating-point operation here traps, and the compiler may then vectorise
 # the exponential (its clamp is a comparison)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-trapping-math", "-fPIC", "-shared")

@@ -20,12 +20,16 @@
    the whole [M, N] product again for. gemm_preferred() says whether the engine should pack its
    weights this way: this build has the AVX2 and FMA loops (with AVX-512 or without). Without
    AVX2 gemm_panels runs plain loops, right but slow. argmax_bf16 (at the end, AVX-512 builds)
-   finds the same argmax from the weight's bfloat16 panels, exactly. */
+   finds the same argmax from the weight rounded to bfloat16, exactly, by the vector units or by
+   AMX's tile unit (tiles.c). */
 
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "tiles.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(CONTBATCH_NATIVE_PORTABLE)
 #include <immintrin.h>
 #define GEMM_AVX2 1
@@ -290,30 +294,12 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
    kernel this build does not run (argmax untouched). */
 enum { CANDIDATES = 64, VECTORS = 1, TILES = 2, TILE_K = 32 };
 
-#if defined(GEMM_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define GEMM_AMX 1
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-/* Linux hands a process the tile registers' state only once asked (arch_prctl ARCH_REQ_XCOMP_PERM
-   for XFEATURE_XTILEDATA); oneDNN asks the same. Asked once; a refusal (an old kernel, a hypervisor
-   that hides the state) leaves the vector kernel. */
-static int tiles_permitted(void) {
-  static int permitted = -1;
-  if (permitted < 0) permitted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return permitted;
-}
-#endif
-
 int argmax_bf16_kernels(void) {
   int kernels = 0;
 #if defined(GEMM_AVX512)
   kernels |= VECTORS;
 #endif
-#if defined(GEMM_AMX)
-  if (tiles_permitted()) kernels |= TILES;
-#endif
+  if (tiles_ready()) kernels |= TILES;
   return kernels;
 }
 
@@ -391,68 +377,6 @@ static float exact_logit(const float *a, const float *w, int64_t K) {
 }
 #endif
 
-#if defined(GEMM_AMX)
-/* The tile unit's shape for tdpbf16ps: every tile 16 rows of 64 bytes. Tiles 0-3 hold sums (rows
-   [0, 16) and [16, 32) of a block, by the pair's two panels), 4-5 a's rows, 6-7 the panels. */
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-} TileShape;
-
-static void shape_tiles(void) {
-  TileShape shape;
-  memset(&shape, 0, sizeof shape);
-  shape.palette = 1;
-  for (int i = 0; i < 8; i++) {
-    shape.rows[i] = 16;
-    shape.bytes_per_row[i] = 64;
-  }
-  _tile_loadconfig(&shape);
-}
-
-/* a [M, K] float32 rounded to bfloat16 (to nearest, ties to even) into a16 [ceil(M / 32) 32, Kp],
-   zeros past M and past K */
-static void round_rows_bf16(const float *a, int64_t lda, int64_t M, int64_t K, int64_t Kp, uint16_t *a16) {
-  const int64_t padded_rows = (M + 2 * NR - 1) / (2 * NR) * (2 * NR);
-  for (int64_t r = 0; r < padded_rows; r++)
-    for (int64_t k = 0; k < Kp; k++) {
-      uint32_t bits = 0;
-      if (r < M && k < K) memcpy(&bits, a + r * lda + k, 4);
-      a16[r * Kp + k] = (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-    }
-}
-
-/* The sums of a16's rows [m0, m0 + rows) (rows <= 32) by one pair's two panels (tile layout),
-   stored to t [rows, 32] */
-static void pair_tiles(const uint16_t *a16, int64_t Kp, const uint16_t *pair, float *t, int64_t rows) {
-  const uint16_t *second = pair + NR * Kp;
-  const int two = rows > NR;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t k = 0; k < Kp; k += TILE_K) {
-    _tile_loadd(4, a16 + k, 2 * Kp);
-    _tile_loadd(6, pair + k * NR, 64);
-    _tile_loadd(7, second + k * NR, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if (two) {
-      _tile_loadd(5, a16 + NR * Kp + k, 2 * Kp);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, t, 2 * NR * 4);
-  _tile_stored(1, t + NR, 2 * NR * 4);
-  if (two) {
-    _tile_stored(2, t + NR * 2 * NR, 2 * NR * 4);
-    _tile_stored(3, t + NR * 2 * NR + NR, 2 * NR * 4);
-  }
-}
-#endif
-
 int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float *norms, const float *rows32,
                 int64_t M, int64_t N, int64_t K, float bound, float max_norm, int kernel, int num_threads,
                 int64_t *argmax) {
@@ -477,9 +401,7 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
     scale[r] = isfinite(norm) && norm < 1e30f && norm * max_norm < 1e30f ? bound * norm : NAN;
     absolute[r] = (float)K * 0x1p-120f * (norm + max_norm + 1.f);
   }
-#if defined(GEMM_AMX)
   if (kernel == TILES) round_rows_bf16(a, lda, M, K, Kp, a16);
-#endif
   for (int64_t i = 0; i < M * num_threads; i++) {
     state[i].lower = -INFINITY;
     state[i].count = state[i].overflow = 0;
@@ -489,18 +411,14 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
   {
     Row *mine = state + (int64_t)omp_get_thread_num() * M;
     float t[2 * NR * 2 * NR];
-#if defined(GEMM_AMX)
-    if (kernel == TILES) shape_tiles();
-#endif
+    if (kernel == TILES) tiles_begin();
 #pragma omp for schedule(dynamic, PANELS_PER_GRAB / 2)
     for (int64_t p = 0; p < pairs; p++) {
       const uint16_t *panel = head16 + p * 2 * NR * Kp;
       for (int64_t m0 = 0; m0 < M; m0 += block) {
         const int64_t rows = M - m0 < block ? M - m0 : block;
         const float *am = a + m0 * lda;
-#if defined(GEMM_AMX)
         if (kernel == TILES) pair_tiles(a16 + m0 * Kp, Kp, panel, t, rows);
-#endif
         if (kernel == VECTORS) switch (rows) {
             ZB_CASE(1) ZB_CASE(2) ZB_CASE(3) ZB_CASE(4) ZB_CASE(5) ZB_CASE(6) ZB_CASE(7)
             ZB_CASE(8) ZB_CASE(9) ZB_CASE(10) ZB_CASE(11) ZB_CASE(12) ZB_CASE(13) ZB_CASE(14)
@@ -513,9 +431,7 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
         }
       }
     }
-#if defined(GEMM_AMX)
-    if (kernel == TILES) _tile_release();
-#endif
+    if (kernel == TILES) tiles_end();
   }
   for (int64_t r = 0; r < M; r++) { /* the threads' candidates above the best lower bound, summed in float32 */
     float lower = -INFINITY;
