@@ -23,6 +23,12 @@ import aiohttp
 from contbatch.bench.client import RequestRecord, Target, send
 from contbatch.bench.workload import BenchRequest
 
+# An idle connection is reused for this long at most. uvicorn and llama.cpp's server (cpp-httplib)
+# close theirs after 5 s; with aiohttp's default of 15 s, a request sent on a connection the server
+# was closing failed ("Can not write request body": once in an engine_vs_peer run, on llama-server
+# at Poisson 4/s, where gaps of seconds between requests are common).
+IDLE_CONNECTION_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
@@ -39,7 +45,7 @@ async def run(requests: Sequence[BenchRequest], target: Target, config: RunConfi
         for r in requests
     ]
     slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-    pool = aiohttp.TCPConnector(limit=0, limit_per_host=0)  # (0: no limit)
+    pool = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=IDLE_CONNECTION_S)  # (0: no limit)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeout_s, sock_read=config.timeout_s)
     async with aiohttp.ClientSession(connector=pool, timeout=timeout, trust_env=True) as http:
         await _warm_up(http, target)  # connection set-up and first-call costs before the clock starts
