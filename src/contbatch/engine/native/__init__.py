@@ -389,16 +389,16 @@ def panel_product(x: torch.Tensor, packed: torch.Tensor, *, argmax: torch.Tensor
 @dataclass(frozen=True, slots=True)
 class Bf16ArgmaxKernel:
     """One of `argmax_bf16`'s kernels (`gemm.c`): its code there, how many of the product's two
-    operands it rounds to bfloat16 (1: the weight; 2: x too), and the multiple its weight's rows are
-    padded to with zeros (`pack_head_bf16`)."""
+    operands it rounds to bfloat16 (1: the weight; 2: x too), and the multiple of K that each of
+    its weight's rows is padded to with zeros (`pack_head_bf16`)."""
 
     code: int
     rounded_operands: int
-    row_multiple: int
+    width_multiple: int
     layout: Callable[[torch.Tensor], torch.Tensor]  # [N, padded K] bfloat16 -> its elements in order
 
     def padded(self, width: int) -> int:
-        return -(-width // self.row_multiple) * self.row_multiple
+        return -(-width // self.width_multiple) * self.width_multiple
 
 
 # fastest first: AMX's tile unit multiplies bfloat16 at many times the vector units' rate (the
@@ -469,5 +469,7 @@ def argmax_bf16(
         x.data_ptr(), width, head16.data_ptr(), norms.data_ptr(), rows32.data_ptr(), rows, n, width, bound,
         max_norm, BF16_ARGMAX_KERNELS[kernel].code, torch.get_num_threads(), out.data_ptr(),
     )  # fmt: skip
+    if failed == -2:
+        raise NativeUnavailable(f"the bfloat16 argmax's {kernel!r} kernel does not run here")
     if failed:
         raise MemoryError("the bfloat16 argmax could not allocate its scratch")
