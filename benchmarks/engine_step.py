@@ -31,7 +31,9 @@ loads the demo model (30M, float32) with --threads threads and measures:
   the threads waits for the one that lost its core;
 - the host overhead of full engine steps at --engine-batch requests: `LLMEngine.step()`
   (scheduling, input building, forward, sampling, detokenization) timed after every request's
-  prefill, with the time inside `forward` subtracted; the fraction is (step - forward) / step.
+  prefill, with the time inside `forward` subtracted; the fraction is (step - forward) / step;
+- which LM head a greedy step reads (`argmax_head`: "tiles" or "vectors", the bfloat16 argmax
+  kernels of `contbatch.engine.argmax_head`, or "float32" where neither runs).
 
 Wall time on this 2-vCPU machine is polluted by anything else running, so the ratios against
 the baseline measured in the same run are the result, not the absolute numbers. Each worker
@@ -229,6 +231,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     runner = engine.runner
     total, multiplied = count_params(runner.model)
     result: dict[str, Any] = {"source": str(Path(contbatch.__file__).parent), "params": total}
+    head = getattr(runner.model, "argmax_head", None)  # (the greedy argmax's kernel: before "tiles", "vectors" only)
+    result["argmax_head"] = "float32" if head is None else getattr(head, "kernel", "vectors")
     result["params_multiplied"] = multiplied
     peak = statistics.median(matmul_flops() for _ in range(3))
     read = roofline_bytes(runner.spec, total, max(args.batches), args.context)  # the largest decode step's
@@ -413,6 +417,8 @@ def main() -> None:
     for row in rows:
         print("  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]))
     print(f"machine: {sides['current']['gflops']:.0f} GFLOP/s, {sides['current']['bandwidth_gbs']:.1f} GB/s (medians)")
+    heads = {side: sides[side].get("argmax_head", "float32") for side in ("baseline", "current")}
+    print(f"greedy steps' LM head: baseline {heads['baseline']}, current {heads['current']}")
     dropped = {side: sum(len(r["discarded"]) for r in rs) for side, rs in runs.items()}
     print(f"runs per side: {args.reps}; contended runs discarded and rerun: {dropped}")
     doc = {"args": vars(args), "summary": summary, "medians": sides, "runs": runs}
