@@ -4,6 +4,8 @@ heads, ties and near-ties, rows left to float32, whole decodes."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -44,6 +46,21 @@ def test_the_argmax_is_float32s_on_random_heads(rows: int, vocab: int, width: in
     got, left = bf16_argmax(h, w, kernel)
     assert left.numel() == 0
     assert torch.equal(got, float32_argmax(h, w))
+
+
+def test_it_runs_on_a_thread_other_than_the_one_that_built_it(kernel: str) -> None:
+    """The server's engine steps on its driver thread, after loading on another: AMX's tile state
+    is granted to the whole process (a thread without it would die on its first tile instruction)."""
+    generator = torch.Generator().manual_seed(5)
+    w = torch.randn(512, 384, generator=generator) * 0.05
+    h = torch.randn(32, 384, generator=generator)
+    head = ArgmaxHead.build(w, native.pack_panels(w), kernel)
+    assert head is not None
+    out = torch.empty(32, dtype=torch.long)
+    worker = threading.Thread(target=head.argmax, args=(h, out))
+    worker.start()
+    worker.join()
+    assert torch.equal(out, float32_argmax(h, w))
 
 
 def test_ties_and_near_ties_go_as_float32_goes(kernel: str) -> None:
