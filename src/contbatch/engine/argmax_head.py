@@ -84,8 +84,8 @@ class ArgmaxHead:
 
     def argmax(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Each row's float32 argmax into `out` (int64 [rows]); the rows the kernel left to float32
-        (-1), as an index tensor (empty: none)."""
-        native.argmax_bf16(
+        (-1), as an index tensor (empty: none, the step's usual case, found without a pass over out)."""
+        left = native.argmax_bf16(
             h,
             self.head16,
             self.norms,
@@ -95,4 +95,4 @@ class ArgmaxHead:
             max_norm=self.max_norm,
             out=out,
         )
-        return (out < 0).nonzero().flatten()
+        return (out < 0).nonzero().flatten() if left else out.new_empty(0)

@@ -347,14 +347,8 @@ class ModelRunner:
     def _take_argmax(self, batch: FlatBatch, seqs: Mapping[str, SequenceView], tokens: list[int]) -> StepResult:
         """The step's result when each row's token is its argmax (`_reads_argmax_only`), as
         `_sample` would give it: each chunk's token, cut at a stop or the model's length."""
-        sampled: dict[str, tuple[int, ...]] = {}
-        finished: dict[str, FinishReason] = {}
-        for span in batch.spans:
-            rid = span.chunk.request_id
-            sampled[rid], reason = self._finish(span, seqs[rid], (tokens[span.row],))
-            if reason is not None:
-                finished[rid] = reason
-        return StepResult(sampled_token_ids=sampled, finished=finished)
+        sampled: dict[str, tuple[int, ...]] = {span.chunk.request_id: (tokens[span.row],) for span in batch.spans}
+        return StepResult(sampled_token_ids=sampled, finished=self._finish_all(batch.spans, seqs, sampled))
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator | None:
         if params.seed is None or params.greedy:
@@ -404,7 +398,6 @@ class ModelRunner:
     ) -> tuple[dict[str, tuple[int, ...]], dict[str, FinishReason]]:
         """The tokens of every sampling chunk (drafts verified), and the requests they finish."""
         sampled: dict[str, tuple[int, ...]] = {}
-        finished: dict[str, FinishReason] = {}
         prepared, at = self._prepare(sampling, logits, seqs, greedy)
         # Plain sampling chunks draw together; verification chunks draw row by row.
         plain = [s for s in sampling if not s.verify]
@@ -414,13 +407,23 @@ class ModelRunner:
             for span, token in zip(plain, prepared.draw(rows, gens), strict=True):
                 sampled[span.chunk.request_id] = (token,)
         for span in sampling:
-            rid = span.chunk.request_id
             if span.verify:
+                rid = span.chunk.request_id
                 sampled[rid] = self._verify(span, seqs[rid], prepared, at)
+        return sampled, self._finish_all(sampling, seqs, sampled)
+
+    def _finish_all(
+        self, spans: Sequence[RowSpan], seqs: Mapping[str, SequenceView], sampled: dict[str, tuple[int, ...]]
+    ) -> dict[str, FinishReason]:
+        """Each span's tokens in `sampled` cut at a stop or the model's length (`_finish`), in place;
+        the requests they finish."""
+        finished: dict[str, FinishReason] = {}
+        for span in spans:
+            rid = span.chunk.request_id
             sampled[rid], reason = self._finish(span, seqs[rid], sampled[rid])
             if reason is not None:
                 finished[rid] = reason
-        return sampled, finished
+        return finished
 
     def _save_generators(
         self, sampling: Sequence[RowSpan], seqs: Mapping[str, SequenceView]

@@ -440,13 +440,13 @@ def argmax_bf16(
     bound: float,
     max_norm: float,
     out: torch.Tensor,
-) -> None:
+) -> int:
     """Each row's argmax of x [M, K] times the head (`rows32` [N, K] float32; `head16` its
     `pack_head_bf16` for `kernel`; `norms` [N] its rows' norms, `max_norm` their largest) into `out`
     (int64 [M]): float32's, exactly, as `panel_product(argmax=...)` finds it; -1 for a row the
-    kernel leaves to float32 (a norm not finite, too many candidates). `bound`: `ArgmaxHead`'s.
-    ValueError for tensors it does not read, NativeUnavailable where `kernel` does not run,
-    MemoryError without scratch."""
+    kernel leaves to float32 (a norm not finite, too many candidates), and the count of those rows.
+    `bound`: `ArgmaxHead`'s. ValueError for tensors it does not read, NativeUnavailable where
+    `kernel` does not run, MemoryError without scratch."""
     if kernel not in argmax_bf16_kernels():
         raise NativeUnavailable(f"the bfloat16 argmax's {kernel!r} kernel does not run here")
     rows, width = x.shape
@@ -465,11 +465,12 @@ def argmax_bf16(
         raise ValueError(f"x {tuple(x.shape)} does not fit a bfloat16 head of {tuple(rows32.shape)}")
     library = native_library()
     assert library is not None  # (argmax_bf16_kernels names none without it)
-    failed = library.argmax_bf16(
+    left = library.argmax_bf16(
         x.data_ptr(), width, head16.data_ptr(), norms.data_ptr(), rows32.data_ptr(), rows, n, width, bound,
         max_norm, BF16_ARGMAX_KERNELS[kernel].code, torch.get_num_threads(), out.data_ptr(),
     )  # fmt: skip
-    if failed == -2:
+    if left == -2:
         raise NativeUnavailable(f"the bfloat16 argmax's {kernel!r} kernel does not run here")
-    if failed:
+    if left < 0:
         raise MemoryError("the bfloat16 argmax could not allocate its scratch")
+    return int(left)

@@ -290,9 +290,9 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
    fused multiply-adds in k order from zero, which is what tile32 does in each lane: the same
    bits, so the same argmax and the same first column on ties. A row whose norm is not finite or
    too large, or whose candidates overflow CANDIDATES, gets -1 (the caller takes it in float32).
-   Full pairs only (N a multiple of 32). 0; -1 when its scratch could not be allocated, -2 for a
-   kernel this build does not run (argmax untouched). */
-enum { CANDIDATES = 64, VECTORS = 1, TILES = 2, TILE_K = 32 };
+   Full pairs only (N a multiple of 32). The number of rows left to float32 (>= 0); -1 when its
+   scratch could not be allocated, -2 for a kernel this build does not run (argmax untouched). */
+enum { CANDIDATES = 64, VECTORS = 1, TILES = 2 };
 
 int argmax_bf16_kernels(void) {
   int kernels = 0;
@@ -382,7 +382,7 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
                 int64_t *argmax) {
   if ((argmax_bf16_kernels() & kernel) == 0 || (kernel != VECTORS && kernel != TILES)) return -2;
 #if defined(GEMM_AVX512)
-  const int64_t Kp = kernel == TILES ? (K + TILE_K - 1) / TILE_K * TILE_K : K, block = kernel == TILES ? 2 * NR : MR512;
+  const int64_t Kp = kernel == TILES ? (K + TILE_K - 1) / TILE_K * TILE_K : K, block = kernel == TILES ? TILE_ROWS : MR512;
   float *scale = malloc(sizeof(float) * (M > 0 ? M : 1)); /* bound * |a_r|, or NAN: the row goes to float32 */
   float *absolute = malloc(sizeof(float) * (M > 0 ? M : 1));
   Row *state = malloc(sizeof(Row) * (M > 0 ? M : 1) * num_threads);
@@ -433,6 +433,7 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
     }
     if (kernel == TILES) tiles_end();
   }
+  int left = 0;
   for (int64_t r = 0; r < M; r++) { /* the threads' candidates above the best lower bound, summed in float32 */
     float lower = -INFINITY;
     int fallback = isnan(scale[r]);
@@ -457,12 +458,13 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
       }
     }
     argmax[r] = fallback || pick < 0 ? -1 : pick;
+    left += argmax[r] < 0;
   }
   free(scale);
   free(absolute);
   free(state);
   free(a16);
-  return 0;
+  return left;
 #else
   (void)a, (void)lda, (void)head16, (void)norms, (void)rows32, (void)M, (void)N, (void)K, (void)bound;
   (void)max_norm, (void)num_threads, (void)argmax;

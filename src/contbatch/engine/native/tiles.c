@@ -21,7 +21,7 @@
 #define TILES_BUILT 1
 #endif
 
-enum { NR = 16, TILE_K = 32 };
+enum { NR = 16 }; /* a tile's rows, and a panel's columns */
 
 #if defined(TILES_BUILT)
 int tiles_ready(void) {
@@ -60,7 +60,7 @@ static inline uint16_t nearest_bf16(float x) {
 }
 
 void round_rows_bf16(const float *a, int64_t lda, int64_t M, int64_t K, int64_t Kp, uint16_t *a16) {
-  const int64_t padded_rows = (M + 2 * NR - 1) / (2 * NR) * (2 * NR);
+  const int64_t padded_rows = (M + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
   for (int64_t r = 0; r < padded_rows; r++)
     for (int64_t k = 0; k < Kp; k++) a16[r * Kp + k] = r < M && k < K ? nearest_bf16(a[r * lda + k]) : 0;
 }
