@@ -127,17 +127,16 @@ class LlamaModel:
             self.layers = [_layer(weights, i, self.dtype, self.device) for i in range(spec.num_layers)]
             self.final_norm = weights["model.norm.weight"].to(device=self.device, dtype=self.dtype)
             head = self.embed if spec.tie_word_embeddings else weights["lm_head.weight"]
+            head = head.to(device=self.device, dtype=self.dtype)
             # A separate operand even when tied: the embedding stays a plain matrix for its row lookup.
             self.lm_head_t = pack_weight(head, self.device, self.dtype)
             # A one-row step (a lone decode) multiplies the head, the largest matrix, as a
             # matrix-vector product, which MKL streams from the plain [in, out] matrix at memory
             # speed and oneDNN's packed kernel about 30 % slower: a oneDNN head keeps that copy too.
-            self.lm_head_row_t = (
-                head.to(device=self.device, dtype=self.dtype).t().contiguous() if self.lm_head_t.is_mkldnn else None
-            )
+            self.lm_head_row_t = head.t().contiguous() if self.lm_head_t.is_mkldnn else None
             # A greedy step that reads no logits takes its argmax from the head in bfloat16, exactly
             # (contbatch.engine.argmax_head); None where that does not run.
-            self.argmax_head = ArgmaxHead.build(head.to(device=self.device, dtype=self.dtype), self.lm_head_t)
+            self.argmax_head = ArgmaxHead.build(head, self.lm_head_t)
         self.rotary = RotaryEmbedding(spec, dtype=self.dtype, device=self.device)
         self.scale = spec.head_dim**-0.5
 
