@@ -82,7 +82,7 @@ def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "torch":
         monkeypatch.setattr("contbatch.engine.attention.paged_decode", lambda *args, **kwargs: False)
         monkeypatch.setattr("contbatch.engine.model.add_rms_norm", lambda *args: None)
-        monkeypatch.setattr("contbatch.engine.model.silu_mul", lambda *args: None)
+        monkeypatch.setattr("contbatch.engine.native.silu_mul", lambda *args: None)
         cpu_layout = "onednn" if onednn_packing(torch.device("cpu"), torch.float32) else "transposed"
         monkeypatch.setattr("contbatch.engine.linear.weight_layout", lambda *args: cpu_layout)
     return str(request.param)

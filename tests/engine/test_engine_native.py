@@ -20,6 +20,7 @@ from contbatch.engine.attention import AttentionMetadata, ChunkLayout, build_met
 from contbatch.engine.native import (
     FLAGS,
     add_rms_norm,
+    gated_panel_product,
     load_library,
     pack_panels,
     paged_decode,
@@ -227,6 +228,34 @@ def test_panel_product_refuses_what_does_not_fit() -> None:
     for argmax in (torch.zeros(2, dtype=torch.long), torch.zeros(3, dtype=torch.int32)):
         with pytest.raises(ValueError, match="argmax must be"):
             panel_product(torch.randn(3, 6), packed, argmax=argmax)
+
+
+@pytest.mark.parametrize(("half", "in_features"), [(1024, 384), (96, 40), (32, 1)])
+@pytest.mark.parametrize("rows", [1, 5, 14, 15, 300, 1500])
+@pytest.mark.usefixtures("kernel_build")
+def test_gated_product_gives_silu_mul_of_the_products_bits(half: int, in_features: int, rows: int) -> None:
+    """silu(gate) * up from the gate and up columns as they leave the products (`gemm_gated`) is
+    `silu_mul(panel_product(...))` bit for bit: one pair of panels (32 columns each side) and
+    many, row tiles and their remainders, 1,500 rows of 384 inputs (three row blocks), a strided
+    x; both builds."""
+    torch.manual_seed(half + rows)
+    weight = torch.randn(2 * half, in_features) * in_features**-0.5
+    x = torch.randn(rows, 2 * in_features)[:, ::2]
+    packed = pack_panels(weight)
+    out = gated_panel_product(x, packed)
+    assert out is not None and out.shape == (rows, half) and out.stride() == (half + 16 * (half % 512 == 0), 1)
+    assert torch.equal(out, silu_mul(panel_product(x, packed)))
+
+
+def test_gated_product_declines_what_its_pairs_do_not_cover() -> None:
+    """Half widths that are not a multiple of 32 (the caller then multiplies and applies silu
+    itself), and refuses x that does not fit, as panel_product does."""
+    for half in (16, 48, 8):
+        assert gated_panel_product(torch.randn(3, 40), pack_panels(torch.randn(2 * half, 40))) is None
+    packed = pack_panels(torch.randn(64, 40))
+    for x in (torch.randn(3, 41), torch.randn(3, 40).double(), torch.randn(3, 0)):
+        with pytest.raises(ValueError, match="does not fit a panel-packed weight"):
+            gated_panel_product(x, packed)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])  # (300 x 8 heads x 64: split over the threads)

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from contbatch.engine import native
 
@@ -89,3 +90,20 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = No
         result: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         return result
     return x @ packed if bias is None else torch.addmm(bias, x, packed)
+
+
+def gated_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up where [gate | up] = `linear(x, packed, bias)` (a gated MLP's fused gate and
+    up projections): in one native pass, the product never in memory, for a panel-packed weight
+    without bias (`native.gated_panel_product`); else the product, then `native.silu_mul` (the
+    same bits), or torch's silu written over the gate (a large temporary fewer)."""
+    if bias is None and in_panels(packed):
+        activated = native.gated_panel_product(x, packed)
+        if activated is not None:
+            return activated
+    gate_up = linear(x, packed, bias)
+    activated = native.silu_mul(gate_up)
+    if activated is None:
+        gate, up = gate_up.chunk(2, dim=-1)
+        activated = F.silu(gate).mul_(up)
+    return activated

@@ -9,8 +9,9 @@ one step: flat token ids and positions in, logits out only for the rows that are
 
 Numerics follow transformers: RMSNorm in float32 then cast back, cos/sin computed in float32 and
 cast to the model dtype, softmax inside scaled-dot-product attention. On the CPU in float32 the
-native kernels (`contbatch.engine.native`) fuse each residual add with the RMSNorm after it, and
-the MLP's silu(gate) * up, into one pass each: the same formulas, to float32 rounding. The residual
+native kernels (`contbatch.engine.native`) fuse each residual add with the RMSNorm after it into
+one pass, and apply the MLP's silu(gate) * up inside the gate and up projections' product
+(`contbatch.engine.linear.gated_linear`): the same formulas, to float32 rounding. The residual
 stream's last add is made for the sampled rows only. float32 on CPU;
 float16/bfloat16 only on CUDA. A layer with a sliding window (`ModelSpec.layer_windows`) attends
 through the step's windowed metadata (`contbatch.engine.attention.windowed`), built once per step
@@ -30,8 +31,8 @@ from contbatch.engine.attention import AttentionMetadata, attention_kernels, pag
 from contbatch.engine.device import resolve_device
 from contbatch.engine.host_memory import retain_freed_memory
 from contbatch.engine.kv_cache import PagedKVCache
-from contbatch.engine.linear import in_panels, linear, pack_weight
-from contbatch.engine.native import add_rms_norm, panel_product, rotate_in_place, silu_mul
+from contbatch.engine.linear import gated_linear, in_panels, linear, pack_weight
+from contbatch.engine.native import add_rms_norm, panel_product, rotate_in_place
 from contbatch.engine.rope import RotaryEmbedding, apply_rotary
 from contbatch.engine.spec import ModelSpec
 
@@ -183,15 +184,8 @@ class LlamaModel:
         return self._rms_norm(h, weight)
 
     def _mlp(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
-        """down(silu(gate) * up): by the native kernel in one pass where it runs; else the
-        product written over silu's output (the same bits, one large temporary fewer: a fresh
-        [T, I] buffer costs page faults at prefill sizes)."""
-        gate_up = linear(x, layer.gate_up_t, layer.gate_up_bias)
-        activated = silu_mul(gate_up)
-        if activated is None:
-            gate, up = gate_up.chunk(2, dim=-1)
-            activated = F.silu(gate).mul_(up)
-        return linear(activated, layer.down_t, layer.down_bias)
+        """down(silu(gate) * up), the activation by `gated_linear` (one native pass where it runs)."""
+        return linear(gated_linear(x, layer.gate_up_t, layer.gate_up_bias), layer.down_t, layer.down_bias)
 
     @property
     def argmax_only_head(self) -> bool:

@@ -4,7 +4,7 @@
    y = weight * (x / sqrt(mean(x^2) + eps)): transformers' residual add and LlamaRMSNorm in one
    pass over the row (x and y distinct).
    silu_mul: out[r, i] = silu(gate_up[r, i]) * gate_up[r, n + i], the gated MLP's activation
-   (gate_up [rows, 2n], out [rows, n]), silu(x) = x * sigmoid(x) with sigmoid from exp(-|x|).
+   (gate_up [rows, 2n], out [rows, n]), silu(x) = x * sigmoid(x) (silu.h).
    rotate_in_place: each of `heads` heads of d floats of each of `rows` rows of x (rows
    `row_stride` floats apart, heads d apart: the q and k heads of the fused projection's output)
    rotated in place by that row's cos and sin (rows `trig_stride` apart, d floats whose halves
@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "exp_nonpositive.h"
+#include "silu.h"
 
 enum { PARALLEL_ELEMENTS = 1 << 16, ROWS_PER_GRAB = 8 };
 
@@ -49,10 +49,7 @@ void silu_mul(const float *gate_up, float *out, int64_t rows, int64_t n, int num
     const float *gate = gate_up + r * 2 * n, *up = gate + n;
     float *o = out + r * n;
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-      const float g = gate[i], e = exp_nonpositive(g > 0.f ? -g : g); /* exp(-|g|) */
-      o[i] = (g > 0.f ? g : g * e) / (1.f + e) * up[i];
-    }
+    for (int64_t i = 0; i < n; i++) o[i] = silu_times(gate[i], up[i]);
   }
 }
 

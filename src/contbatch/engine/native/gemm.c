@@ -7,17 +7,19 @@
    read once from memory and kept in cache, is multiplied by every tile of 6 rows of a, the tile's
    6 x 16 sums held in twelve AVX2 registers over all of K (each product's terms added in k order,
    fused multiply-adds). With AVX-512, two adjacent panels go together (tile32: 14 rows x 32
-   columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k), and each
-   pair's first tile prefetches the next pair into L2 meanwhile. a's rows go ROW_BLOCK_FLOATS at a
-   time (a block stays in a core's L2 while every panel passes; a prefill's thousands of rows do
-   not fit), so a panel is read once per block. Work is handed out by (row block, pair of
+   columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k, the k
+   loop unrolled four times), and each pair's first tile prefetches the next pair into L2
+   meanwhile. a's rows go ROW_BLOCK_FLOATS at a time (a block stays in a core's L2 while every
+   panel passes; a prefill's thousands of rows do not fit), so a panel is read once per block. Work is handed out by (row block, pair of
    panels), PANELS_PER_GRAB panels at a time, to whichever of `num_threads` OpenMP threads
    (torch's, as for the other kernels) is free: a thread that loses its core to another process
    (a server's HTTP side, its client) holds up its own panels only, where a static split made
    every other thread wait for its half. Given `argmax`, gemm_panels also finds each row's first
    maximum (panel_best: each pair's columns scanned right after its tile is stored, while they
    are in cache; the threads' results merged after), which a greedy step would otherwise read
-   the whole [M, N] product again for. gemm_preferred() says whether the engine should pack its
+   the whole [M, N] product again for. gemm_gated multiplies a by a gated MLP's fused gate and
+   up weight and applies silu(gate) * up as each pair of columns leaves the product, so the
+   [M, 2n] product never reaches memory. gemm_preferred() says whether the engine should pack its
    weights this way: this build has the AVX2 and FMA loops (with AVX-512 or without). Without
    AVX2 gemm_panels runs plain loops, right but slow. argmax_bf16 (at the end, AVX-512 builds)
    finds the same argmax from the weight rounded to bfloat16, exactly, by the vector units or by
@@ -28,6 +30,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "silu.h"
 #include "tiles.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(CONTBATCH_NATIVE_PORTABLE)
@@ -136,6 +139,7 @@ static inline __attribute__((always_inline)) void tile32(const float *a, int64_t
                                                          float *c, int64_t ldc, const int rows, const int fetch) {
   const float *next = panel + NR * K, *ahead = panel + 2 * NR * K;
   Z_ALL(Z_DECLARE)
+#pragma GCC unroll 4
   for (int64_t k = 0; k < K; k++) {
     const __m512 b0 = _mm512_loadu_ps(panel + k * NR), b1 = _mm512_loadu_ps(next + k * NR);
     if (fetch) {
@@ -213,14 +217,33 @@ static void one_panel(const float *a, int64_t lda, const float *packed, int64_t 
   tile_portable(a, lda, panel, K, width, c + first, N, M);
 }
 
+/* c[r, j] for r < rows, j < 32 (rows ldc floats apart) = a's rows times the two full panels at
+   `pair` (tile32 with AVX-512, tile16 twice with AVX2, plain loops elsewhere) */
+static void pair_product(const float *a, int64_t lda, const float *pair, int64_t K, float *c, int64_t ldc,
+                         int64_t rows) {
+#if defined(GEMM_AVX512)
+  pair_rows(a, lda, pair, K, c, ldc, rows);
+#elif defined(GEMM_AVX2)
+  panel_rows(a, lda, pair, K, c, ldc, rows);
+  panel_rows(a, lda, pair + NR * K, K, c + NR, ldc, rows);
+#else
+  tile_portable(a, lda, pair, K, NR, c, ldc, rows);
+  tile_portable(a, lda, pair + NR * K, K, NR, c + NR, ldc, rows);
+#endif
+}
+
+/* rows of a (K floats each) that stay in a core's cache while it multiplies them by the panels */
+static int64_t block_rows(int64_t K) {
+  const int64_t fit = ROW_BLOCK_FLOATS / (K > 0 ? K : 1);
+  return fit > BLOCK_ROWS_MULTIPLE ? fit - fit % BLOCK_ROWS_MULTIPLE : BLOCK_ROWS_MULTIPLE;
+}
+
 /* 0, or -1 when `argmax` was asked for and its scratch could not be allocated (c is then the
    product, argmax untouched). */
 int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int64_t M, int64_t N, int64_t K,
                 int num_threads, int64_t *argmax) {
   const int64_t panels = (N + NR - 1) / NR, pairs = (panels + 1) / 2;
-  /* rows of a that stay in a core's cache while it multiplies them by the panels */
-  const int64_t fit = ROW_BLOCK_FLOATS / (K > 0 ? K : 1);
-  const int64_t rows_per_block = fit > BLOCK_ROWS_MULTIPLE ? fit - fit % BLOCK_ROWS_MULTIPLE : BLOCK_ROWS_MULTIPLE;
+  const int64_t rows_per_block = block_rows(K);
   const int64_t blocks = M > 0 ? (M + rows_per_block - 1) / rows_per_block : 0;
   /* with argmax: one (value, column) per row and thread, merged after the products */
   float *values = argmax == NULL ? NULL : malloc(sizeof(float) * M * num_threads);
@@ -241,11 +264,9 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
       const int64_t p = 2 * (i % pairs), first = p * NR, width = N - first < 2 * NR ? N - first : 2 * NR;
       const float *am = a + m0 * lda;
       float *cm = c + m0 * N;
-#if defined(GEMM_AVX512)
       if (width == 2 * NR)
-        pair_rows(am, lda, packed + first * K, K, cm + first, N, rows);
+        pair_product(am, lda, packed + first * K, K, cm + first, N, rows);
       else
-#endif
         for (int64_t q = p; q < p + 2 && q < panels; q++) one_panel(am, lda, packed, K, cm, N, rows, q);
       if (columns != NULL) panel_best(cm, N, rows, first, width, values + t * M + m0, columns + t * M + m0);
     }
@@ -271,6 +292,44 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
   free(values);
   free(columns);
   return 0;
+}
+
+/* out[r, j] (rows ldo floats apart) = silu(g) u for g = c[r, j], u = c[r, n + j] of c = a . w^T,
+   w [2n, K] (the gate's rows, then the up projection's) packed by pack_panels, n a multiple of 32: the gated MLP's
+   activation without its [M, 2n] product in memory. Work is handed out as gemm_panels does, by
+   (row block, pair of the gate's panels); each task writes the gate's 32 columns where their
+   activations go, the up projection's pair into a scratch of the thread's, and then combines the
+   two while they are in cache (silu_times: silu_mul's bits). 0; -1 when a thread's scratch could
+   not be allocated (out incomplete); -2 when n is not a multiple of 32 (out untouched). */
+int gemm_gated(const float *a, int64_t lda, const float *packed, float *out, int64_t ldo, int64_t M, int64_t n,
+               int64_t K, int num_threads) {
+  if (n % (2 * NR)) return -2;
+  const int64_t pairs = n / (2 * NR), rows_per_block = block_rows(K);
+  const int64_t blocks = M > 0 ? (M + rows_per_block - 1) / rows_per_block : 0;
+  int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+  {
+    float *up = malloc(sizeof(float) * rows_per_block * 2 * NR); /* [rows, 32] */
+    failed = up == NULL;
+#pragma omp for schedule(dynamic, PANELS_PER_GRAB / 2)
+    for (int64_t i = 0; i < blocks * pairs; i++) {
+      if (up == NULL) continue;
+      const int64_t m0 = i / pairs * rows_per_block, rows = M - m0 < rows_per_block ? M - m0 : rows_per_block;
+      const int64_t first = i % pairs * 2 * NR;
+      const float *am = a + m0 * lda;
+      float *gate = out + m0 * ldo + first;
+      pair_product(am, lda, packed + first * K, K, gate, ldo, rows);
+      pair_product(am, lda, packed + (n + first) * K, K, up, 2 * NR, rows);
+      for (int64_t r = 0; r < rows; r++) {
+        float *g = gate + r * ldo;
+        const float *u = up + r * 2 * NR;
+#pragma omp simd
+        for (int j = 0; j < 2 * NR; j++) g[j] = silu_times(g[j], u[j]);
+      }
+    }
+    free(up);
+  }
+  return failed ? -1 : 0;
 }
 
 /* Each row's argmax of a . w^T as gemm_panels finds it (float32), from w rounded to bfloat16

@@ -19,10 +19,11 @@
    keys at a time, sixteen independent sums reduced by one tree, and the weighted values of up to
    four query heads are summed in registers over all the keys; with AVX2 and FMA (head_dim a
    multiple of 8) the same eight keys at a time; elsewhere the portable loops below do the same
-   sums. A prefill tile on a CPU with AVX-512 (head_dim a multiple of 8) is taken by
-   `attend_lanes` instead: the tile's rows as the lanes of two 512-bit vectors, so no sum runs
-   across a vector. */
+   sums. A prefill tile on a CPU with AVX-512 (head_dim a multiple of 16) is taken by
+   `attend_lanes` instead: its scores with the tile's rows as the lanes of two 512-bit vectors, so
+   no sum runs across a vector, and its weighted values by the decode's loops over its rows. */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,7 @@ static void values_avx2(const float *values, const int64_t *off, int64_t L, int6
 #if defined(__AVX512F__) && !defined(CONTBATCH_NATIVE_PORTABLE)
 #include <immintrin.h>
 #define PAGED_DECODE_AVX512 1
+enum { VALUE_ROWS = 6 }; /* rows whose weighted values one pass sums: 24 of the 32 vector registers */
 /* lane l: the sum of the lanes of a[SUM16_SLOT[l]] (a tree of 30 shuffles and 15 additions, which
    leaves the sums in this order; the order is its own inverse, so a[SUM16_SLOT[l]] holding key l's
    terms puts key l's score in lane l) */
@@ -166,45 +168,54 @@ static void scores_avx512(const float *qb, const float *keys, const int64_t *off
   if (i < L) scores_portable(qb, keys, off + i, L - i, G, D, scale, weights + i, L);
 }
 
-/* ob[g0 + g] for g < NG (a constant where it is inlined) and elements [d0, d0 + 16 NC) */
+/* ob[(g0 + g) D + d] for g < NG (a constant where it is inlined) and d in [d0, d0 + 16 NC): the sum
+   over the L values at values + off[j] of weights[(g0 + g) rs + j ks] times the value, times
+   inv[g0 + g] where inv is not NULL (decode: a row's weights [g, L], rs = L and ks = 1; a prefill
+   tile's, [L, RP] with the rows as lanes, rs = 1 and ks = RP) */
 static inline __attribute__((always_inline)) void values_tile(const float *values, const int64_t *off, int64_t L,
-                                                              int64_t D, const float *weights, float *ob, int64_t g0,
-                                                              int64_t d0, const int NG, const int NC) {
-  __m512 acc[4][4];
+                                                              int64_t D, const float *weights, int64_t rs, int64_t ks,
+                                                              const float *inv, float *ob, int64_t g0, int64_t d0,
+                                                              const int NG, const int NC) {
+  __m512 acc[VALUE_ROWS][4];
   for (int g = 0; g < NG; g++)
     for (int c = 0; c < NC; c++) acc[g][c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < L; j++) {
+  const float *wg = weights + g0 * rs;
+  for (int64_t j = 0; j < L; j++, wg += ks) {
     const float *v = values + off[j] + d0;
     __m512 x[4];
     for (int c = 0; c < NC; c++) x[c] = _mm512_loadu_ps(v + 16 * c);
     for (int g = 0; g < NG; g++) {
-      const __m512 w = _mm512_set1_ps(weights[(g0 + g) * L + j]);
+      const __m512 w = _mm512_set1_ps(wg[g * rs]);
       for (int c = 0; c < NC; c++) acc[g][c] = _mm512_fmadd_ps(w, x[c], acc[g][c]);
     }
   }
-  for (int g = 0; g < NG; g++)
-    for (int c = 0; c < NC; c++) _mm512_storeu_ps(ob + (g0 + g) * D + d0 + 16 * c, acc[g][c]);
+  for (int g = 0; g < NG; g++) {
+    const __m512 f = _mm512_set1_ps(inv == NULL ? 1.f : inv[g0 + g]);
+    for (int c = 0; c < NC; c++) _mm512_storeu_ps(ob + (g0 + g) * D + d0 + 16 * c, _mm512_mul_ps(acc[g][c], f));
+  }
 }
 
-/* values_tile over all of D (64 elements at a time, then 16), for NG heads from g0 */
+/* values_tile over all of D (64 elements at a time, then 16), for NG rows from g0 */
 static inline __attribute__((always_inline)) void values_heads(const float *values, const int64_t *off, int64_t L,
-                                                               int64_t D, const float *weights, float *ob, int64_t g0,
-                                                               const int NG) {
+                                                               int64_t D, const float *weights, int64_t rs, int64_t ks,
+                                                               const float *inv, float *ob, int64_t g0, const int NG) {
   int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) values_tile(values, off, L, D, weights, ob, g0, d0, NG, 4);
-  for (; d0 < D; d0 += 16) values_tile(values, off, L, D, weights, ob, g0, d0, NG, 1);
+  for (; d0 + 64 <= D; d0 += 64) values_tile(values, off, L, D, weights, rs, ks, inv, ob, g0, d0, NG, 4);
+  for (; d0 < D; d0 += 16) values_tile(values, off, L, D, weights, rs, ks, inv, ob, g0, d0, NG, 1);
 }
 
-/* values_portable's sums (D a multiple of 16): up to four heads and 64 elements of d at a time,
-   summed in registers over all the values */
+/* values_portable's sums (D a multiple of 16) for G rows, weighted as values_tile says: up to
+   VALUE_ROWS rows and 64 elements of d at a time, summed in registers over all the values */
 static void values_avx512(const float *values, const int64_t *off, int64_t L, int64_t G, int64_t D,
-                          const float *weights, float *ob) {
-  for (int64_t g0 = 0; g0 < G; g0 += 4) {
-    switch (G - g0 < 4 ? G - g0 : 4) { /* (each case inlines values_heads for its head count) */
-      case 1: values_heads(values, off, L, D, weights, ob, g0, 1); break;
-      case 2: values_heads(values, off, L, D, weights, ob, g0, 2); break;
-      case 3: values_heads(values, off, L, D, weights, ob, g0, 3); break;
-      default: values_heads(values, off, L, D, weights, ob, g0, 4); break;
+                          const float *weights, int64_t rs, int64_t ks, const float *inv, float *ob) {
+  for (int64_t g0 = 0; g0 < G; g0 += VALUE_ROWS) {
+    switch (G - g0 < VALUE_ROWS ? G - g0 : VALUE_ROWS) { /* (each case inlines values_heads for its row count) */
+      case 1: values_heads(values, off, L, D, weights, rs, ks, inv, ob, g0, 1); break;
+      case 2: values_heads(values, off, L, D, weights, rs, ks, inv, ob, g0, 2); break;
+      case 3: values_heads(values, off, L, D, weights, rs, ks, inv, ob, g0, 3); break;
+      case 4: values_heads(values, off, L, D, weights, rs, ks, inv, ob, g0, 4); break;
+      case 5: values_heads(values, off, L, D, weights, rs, ks, inv, ob, g0, 5); break;
+      default: values_heads(values, off, L, D, weights, rs, ks, inv, ob, g0, 6); break;
     }
   }
 }
@@ -235,7 +246,7 @@ static void attend(const float *rows_q, int64_t rows, const float *keys, const f
   if (D % 16 == 0) {
     scores_avx512(rows_q, keys, off, L, rows, D, scale, weights);
     for (int64_t r = 0; r < rows; r++) softmax_row(weights + r * L, first_len + r / group, L);
-    values_avx512(values, off, L, rows, D, weights, ob);
+    values_avx512(values, off, L, rows, D, weights, L, 1, NULL, ob);
     return;
   }
 #endif
@@ -297,41 +308,67 @@ enum { PREFILL_TILE = 8 };
 #include <immintrin.h>
 #define PAGED_PREFILL_LANES 1
 enum { LANES = 16 }; /* floats in a 512-bit vector */
+enum { SCORE_KEYS = 8 }; /* keys whose scores one pass sums for 32 rows: 16 vector registers */
 
-/* `attend` with the tile's rows as vector lanes (AVX-512, D a multiple of 8): scores, weights
-   and outputs are kept [key or d, RP] with RP = rows rounded up to 32 (two vectors, the padding
-   rows zero), so every sum runs down lanes (no sums across a vector) and each key or value
-   element is broadcast to all the rows at once. `buffer` holds 2 * D * RP + L * RP floats. The
-   loops the compiler vectorises (the softmax) use 512-bit vectors too, which -march=native alone
-   does not choose on every CPU: the prefill attention 8 % faster on the CPU measured. */
+/* qt[d RP + r] = rows_q[r D + d] for r < rows, 0 for the padding rows up to RP (a gather a
+   vector) */
+static void transpose_rows(const float *rows_q, int64_t rows, int64_t D, int64_t RP, float *qt) {
+  const __m512i row = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t c = 0; c < RP; c += LANES) {
+    const int64_t live = rows - c < 0 ? 0 : rows - c > LANES ? LANES : rows - c;
+    const __mmask16 mask = (__mmask16)((1u << live) - 1);
+    const __m512i where = _mm512_mullo_epi32(_mm512_add_epi32(row, _mm512_set1_epi32((int)c)), _mm512_set1_epi32((int)D));
+    for (int64_t d = 0; d < D; d++)
+      _mm512_storeu_ps(qt + d * RP + c, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, where, rows_q + d, 4));
+  }
+}
+
+/* key i's scores (two vectors of rows, scaled) stored at wi, and each lane's largest score over
+   the keys it sees (i < seen) kept in top */
+static inline __attribute__((always_inline)) void keep_scores(float *wi, __m512 a, __m512 b, __m512 s, int64_t i,
+                                                              __m512i seen_a, __m512i seen_b, __m512 *top_a,
+                                                              __m512 *top_b) {
+  a = _mm512_mul_ps(a, s), b = _mm512_mul_ps(b, s);
+  _mm512_storeu_ps(wi, a), _mm512_storeu_ps(wi + LANES, b);
+  const __m512i key = _mm512_set1_epi32((int)i);
+  *top_a = _mm512_mask_max_ps(*top_a, _mm512_cmpgt_epi32_mask(seen_a, key), *top_a, a);
+  *top_b = _mm512_mask_max_ps(*top_b, _mm512_cmpgt_epi32_mask(seen_b, key), *top_b, b);
+}
+
+/* `attend` with the tile's rows as vector lanes (AVX-512, D a multiple of 16): the queries and
+   the scores are kept [d or key, RP] with RP = rows rounded up to 32 (two vectors, the padding
+   rows zero), so the scores' sums run down lanes, SCORE_KEYS keys at a time, each key element
+   broadcast to all the rows at once; each row's largest score is kept as the scores are stored.
+   The weighted values are `values_avx512`'s over the rows (weights [L, RP]: rs = 1, ks = RP),
+   divided by each row's sum of weights as they are stored. `buffer` holds RP (D + L + 3) floats.
+   The loops the compiler vectorises (the softmax) use 512-bit vectors too, which -march=native
+   alone does not choose on every CPU: the prefill attention 8 % faster on the CPU measured. */
 __attribute__((target("prefer-vector-width=512"))) static void attend_lanes(
     const float *rows_q, int64_t rows, const float *keys, const float *values, const int64_t *off, int64_t L,
     int64_t D, float scale, float *buffer, float *ob, int64_t first_len, int64_t group) {
   const int64_t RP = (rows + 2 * LANES - 1) / (2 * LANES) * (2 * LANES);
-  float *qt = buffer, *ot = buffer + D * RP, *w = buffer + 2 * D * RP; /* [D, RP], [D, RP], [L, RP] */
-  memset(qt, 0, sizeof(float) * D * RP);
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t d = 0; d < D; d++) qt[d * RP + r] = rows_q[r * D + d];
+  float *qt = buffer, *w = qt + D * RP, *top = w + L * RP, *inv = top + RP; /* [D, RP], [L, RP], [RP], [RP] */
+  int32_t *seen = (int32_t *)(inv + RP); /* [RP]: row r sees the first seen[r] keys (a padding row all) */
+  for (int64_t r = 0; r < RP; r++) seen[r] = (int32_t)(r < rows ? first_len + r / group : L);
+  transpose_rows(rows_q, rows, D, RP, qt);
   const __m512 s = _mm512_set1_ps(scale);
-  for (int64_t c = 0; c < RP; c += 2 * LANES) { /* scores, four keys at a time */
+  for (int64_t c = 0; c < RP; c += 2 * LANES) {
+    const __m512i seen_a = _mm512_loadu_si512(seen + c), seen_b = _mm512_loadu_si512(seen + c + LANES);
+    __m512 top_a = _mm512_set1_ps(-INFINITY), top_b = top_a;
     int64_t i = 0;
-    for (; i + 4 <= L; i += 4) {
-      const float *k0 = keys + off[i], *k1 = keys + off[i + 1], *k2 = keys + off[i + 2], *k3 = keys + off[i + 3];
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (; i + SCORE_KEYS <= L; i += SCORE_KEYS) {
+      const float *k[SCORE_KEYS];
+      __m512 a[SCORE_KEYS], b[SCORE_KEYS];
+      for (int j = 0; j < SCORE_KEYS; j++) k[j] = keys + off[i + j], a[j] = _mm512_setzero_ps(), b[j] = a[j];
       for (int64_t d = 0; d < D; d++) {
         const __m512 qa = _mm512_loadu_ps(qt + d * RP + c), qb = _mm512_loadu_ps(qt + d * RP + c + LANES);
-        const __m512 x0 = _mm512_set1_ps(k0[d]), x1 = _mm512_set1_ps(k1[d]);
-        const __m512 x2 = _mm512_set1_ps(k2[d]), x3 = _mm512_set1_ps(k3[d]);
-        a0 = _mm512_fmadd_ps(qa, x0, a0), b0 = _mm512_fmadd_ps(qb, x0, b0);
-        a1 = _mm512_fmadd_ps(qa, x1, a1), b1 = _mm512_fmadd_ps(qb, x1, b1);
-        a2 = _mm512_fmadd_ps(qa, x2, a2), b2 = _mm512_fmadd_ps(qb, x2, b2);
-        a3 = _mm512_fmadd_ps(qa, x3, a3), b3 = _mm512_fmadd_ps(qb, x3, b3);
+        for (int j = 0; j < SCORE_KEYS; j++) {
+          const __m512 x = _mm512_set1_ps(k[j][d]);
+          a[j] = _mm512_fmadd_ps(qa, x, a[j]), b[j] = _mm512_fmadd_ps(qb, x, b[j]);
+        }
       }
-      float *wi = w + i * RP + c;
-      _mm512_storeu_ps(wi, _mm512_mul_ps(a0, s)), _mm512_storeu_ps(wi + LANES, _mm512_mul_ps(b0, s));
-      _mm512_storeu_ps(wi + RP, _mm512_mul_ps(a1, s)), _mm512_storeu_ps(wi + RP + LANES, _mm512_mul_ps(b1, s));
-      _mm512_storeu_ps(wi + 2 * RP, _mm512_mul_ps(a2, s)), _mm512_storeu_ps(wi + 2 * RP + LANES, _mm512_mul_ps(b2, s));
-      _mm512_storeu_ps(wi + 3 * RP, _mm512_mul_ps(a3, s)), _mm512_storeu_ps(wi + 3 * RP + LANES, _mm512_mul_ps(b3, s));
+      for (int j = 0; j < SCORE_KEYS; j++)
+        keep_scores(w + (i + j) * RP + c, a[j], b[j], s, i + j, seen_a, seen_b, &top_a, &top_b);
     }
     for (; i < L; i++) {
       const float *k = keys + off[i];
@@ -341,27 +378,14 @@ __attribute__((target("prefer-vector-width=512"))) static void attend_lanes(
         a = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * RP + c), x, a);
         b = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d * RP + c + LANES), x, b);
       }
-      _mm512_storeu_ps(w + i * RP + c, _mm512_mul_ps(a, s));
-      _mm512_storeu_ps(w + i * RP + c + LANES, _mm512_mul_ps(b, s));
+      keep_scores(w + i * RP + c, a, b, s, i, seen_a, seen_b, &top_a, &top_b);
     }
+    _mm512_storeu_ps(top + c, top_a), _mm512_storeu_ps(top + c + LANES, top_b);
   }
-  /* softmax down each lane: row r sees the first first_len + r / group keys, so every row sees the
-     first first_len and only the keys after them are masked (a padding row sees all: its output is
-     dropped); its counts, largest score and sum kept where the queries were (D >= 8 floats a row) */
-  int64_t *seen = (int64_t *)qt;
-  float *top = qt + 2 * RP, *sum = qt + 3 * RP;
-  for (int64_t r = 0; r < RP; r++) seen[r] = r < rows ? first_len + r / group : L;
-  for (int64_t r = 0; r < RP; r++) top[r] = w[r], sum[r] = 0.f;
-  for (int64_t i = 1; i < first_len; i++) {
-    const float *wi = w + i * RP;
-#pragma omp simd
-    for (int64_t r = 0; r < RP; r++) top[r] = wi[r] > top[r] ? wi[r] : top[r];
-  }
-  for (int64_t i = first_len; i < L; i++) {
-    const float *wi = w + i * RP;
-#pragma omp simd
-    for (int64_t r = 0; r < RP; r++) top[r] = (i < seen[r] && wi[r] > top[r]) ? wi[r] : top[r];
-  }
+  /* the weights down each lane: every row sees the first first_len keys, so only the keys after
+     them are masked (weight 0) */
+  float *sum = inv;
+  for (int64_t r = 0; r < RP; r++) sum[r] = 0.f;
   for (int64_t i = 0; i < first_len; i++) {
     float *wi = w + i * RP;
 #pragma omp simd
@@ -380,30 +404,8 @@ __attribute__((target("prefer-vector-width=512"))) static void attend_lanes(
       sum[r] += e;
     }
   }
-  float *inv = sum;
   for (int64_t r = 0; r < RP; r++) inv[r] = 1.f / sum[r];
-  /* the weighted values, eight elements of d at a time, divided by the sum at the end */
-  for (int64_t c = 0; c < RP; c += 2 * LANES) {
-    for (int64_t d = 0; d < D; d += 8) {
-      __m512 a[8], b[8];
-      for (int j = 0; j < 8; j++) a[j] = _mm512_setzero_ps(), b[j] = a[j];
-      for (int64_t i = 0; i < L; i++) {
-        const __m512 wa = _mm512_loadu_ps(w + i * RP + c), wb = _mm512_loadu_ps(w + i * RP + c + LANES);
-        const float *v = values + off[i] + d;
-        for (int j = 0; j < 8; j++) {
-          const __m512 x = _mm512_set1_ps(v[j]);
-          a[j] = _mm512_fmadd_ps(wa, x, a[j]), b[j] = _mm512_fmadd_ps(wb, x, b[j]);
-        }
-      }
-      const __m512 ia = _mm512_loadu_ps(inv + c), ib = _mm512_loadu_ps(inv + c + LANES);
-      for (int j = 0; j < 8; j++) {
-        _mm512_storeu_ps(ot + (d + j) * RP + c, _mm512_mul_ps(a[j], ia));
-        _mm512_storeu_ps(ot + (d + j) * RP + c + LANES, _mm512_mul_ps(b[j], ib));
-      }
-    }
-  }
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t d = 0; d < D; d++) ob[r * D + d] = ot[d * RP + r];
+  values_avx512(values, off, L, rows, D, w, 1, RP, inv, ob);
 }
 #endif
 
@@ -413,7 +415,7 @@ int paged_prefill(const float *q, int64_t q_stride_row, const float *key_cache, 
                   int num_threads) {
   const int64_t G = Hq / Hkv;
 #ifdef PAGED_PREFILL_LANES
-  const int by_lanes = D % 8 == 0; /* `attend_lanes`: as many positions as fill two vectors' lanes */
+  const int by_lanes = D % 16 == 0; /* `attend_lanes`: as many positions as fill two vectors' lanes */
   const int64_t tile = by_lanes ? (G < 2 * LANES ? 2 * LANES / G : 1) : PREFILL_TILE;
 #else
   const int64_t tile = PREFILL_TILE;
@@ -430,7 +432,7 @@ int paged_prefill(const float *q, int64_t q_stride_row, const float *key_cache, 
     const int64_t m = n - i0 < tile ? n - i0 : tile, L = start + i0 + m;
     const int64_t lanes = (rows + 31) / 32 * 32; /* `attend_lanes`'s rows, rounded up */
     /* queries, outputs, then [rows, L] weights (or `attend_lanes`'s buffer) */
-    float *buffer = malloc(sizeof(float) * (2 * rows * D + lanes * (L + 2 * D)));
+    float *buffer = malloc(sizeof(float) * (2 * rows * D + lanes * (L + D + 3)));
     if (buffer == NULL) {
       failed = 1;
       continue;
