@@ -281,3 +281,49 @@ def test_a_server_that_stops_sending_is_an_error_not_a_cancellation() -> None:
     record = asyncio.run(scenario())
     assert record.status == 200 and record.finish is FinishReason.ERROR
     assert "Timeout" in record.error
+
+
+def test_a_request_on_a_connection_the_server_closed_is_sent_once_more() -> None:
+    """A server that closes each kept-alive connection right after its answer, without saying so
+    (no `Connection: close`): the next request, written to that pooled connection, fails before
+    any answer, and is sent again on another (aiohttp: "Server disconnected" every other request
+    without it). A server that drops every request unanswered still fails each, after one resend."""
+    import asyncio
+
+    from contbatch.bench.runner import RunConfig, run
+    from contbatch.bench.workload import BenchRequest
+
+    answer = b'data: {"choices": [{"text": "x", "finish_reason": "length"}]}\n\ndata: [DONE]\n\n'
+    reply = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(answer),
+        answer,
+    )
+    seen = {"requests": 0}
+
+    async def scenario(answering: bool) -> list[RequestRecord]:
+        async def serve_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line[15:]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+            await reader.readexactly(length)
+            seen["requests"] += 1
+            if answering:
+                writer.write(reply)
+                await writer.drain()
+                await asyncio.sleep(0.01)  # the client's next request is on its way on this connection
+            writer.close()
+
+        server = await asyncio.start_server(serve_once, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            requests = [BenchRequest(f"r{i}", 0.0, "a b", 2, 1) for i in range(6)]
+            config = RunConfig(max_concurrency=1, progress=False)  # each sent as the one before ends
+            return await run(requests, Target(f"http://127.0.0.1:{port}", "m"), config)
+        finally:
+            server.close()
+
+    records = asyncio.run(scenario(answering=True))
+    assert [r.finish for r in records] == [FinishReason.LENGTH] * 6, [r.error for r in records]
+    seen["requests"] = 0
+    records = asyncio.run(scenario(answering=False))
+    assert all(r.finish is FinishReason.ERROR and r.status is None for r in records)
+    assert seen["requests"] == 12  # each sent twice

@@ -212,6 +212,14 @@ def _status_reason(status: int) -> FinishReason:
     return FinishReason.ERROR
 
 
+# A request written to a pooled connection that the server closed meanwhile fails before any
+# answer (aiohttp: ServerDisconnectedError, or ClientOSError "Can not write request body"): a
+# server may close a kept-alive connection right after a response without saying so (llama.cpp's
+# server did, a request or two in some runs at Poisson 4/s), and the client cannot see it in
+# time. `send` sends such a request once more, on another connection; a second failure is kept.
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
 async def send(
     http: aiohttp.ClientSession,
     target: Target,
@@ -229,7 +237,12 @@ async def send(
     stream = _Stream(record, clock)
     try:
         async with asyncio.timeout(None if cancel_at is None else max(0.0, cancel_at - clock())):
-            await _exchange(http, target, spec, headers, stream)
+            try:
+                await _exchange(http, target, spec, headers, stream)
+            except STALE_CONNECTION:
+                if record.status is not None:  # an answer had begun: the failure is the request's
+                    raise
+                await _exchange(http, target, spec, headers, stream)
     except aiohttp.ClientError as exc:  # (first: a connect or read timeout is a ClientError and a TimeoutError)
         _failed(record, exc)
     except TimeoutError:  # the cancel time's, from asyncio.timeout

@@ -26,7 +26,8 @@ from contbatch.bench.workload import BenchRequest
 # An idle connection is reused for this long at most. uvicorn and llama.cpp's server (cpp-httplib)
 # close theirs after 5 s; with aiohttp's default of 15 s, a request sent on a connection the server
 # was closing failed ("Can not write request body": once in an engine_vs_peer run, on llama-server
-# at Poisson 4/s, where gaps of seconds between requests are common).
+# at Poisson 4/s, where gaps of seconds between requests are common). A request that fails so all
+# the same is sent once more (`contbatch.bench.client.STALE_CONNECTION`).
 IDLE_CONNECTION_S = 2.0
 
 
