@@ -196,6 +196,27 @@ def test_the_pool_admits_max_pending_jobs_then_503() -> None:
     pool.close()
 
 
+def test_the_pool_has_spare_room_for_short_prompts_while_half_of_it_is_free() -> None:
+    """Short prompts go to the pool (off the event loop) only while fewer than half of its
+    places are taken, so that they never take the places of long prompts, which must use it."""
+    pool = TokenizerPool(workers=1, max_pending=4)
+    gate = threading.Event()
+
+    async def main() -> list[bool]:
+        spare = [pool.has_spare_room]
+        jobs = []
+        for _ in range(3):
+            jobs.append(asyncio.ensure_future(pool.run(lambda: gate.wait(5))))
+            await asyncio.sleep(0.02)
+            spare.append(pool.has_spare_room)
+        gate.set()
+        await asyncio.gather(*jobs)
+        return spare
+
+    assert asyncio.run(main()) == [True, True, False, False]
+    pool.close()
+
+
 def test_excess_long_prompts_get_503_with_retry_after_never_500() -> None:
     slow = CountingSim(sim_backend("affine:base_ms=2"), delay_s=0.4)
     config = ServerConfig(tokenizer_workers=1, tokenizer_queue=2, retry_after_s=2)
@@ -218,7 +239,7 @@ def test_excess_long_prompts_get_503_with_retry_after_never_500() -> None:
             if r.status_code == 503:
                 assert r.headers["retry-after"] == "2" and r.json()["error"]["code"] == "server_busy"
         assert server.get("/health").status_code == 200
-        # short prompts are tokenized inline: never refused by the pool
+        # short prompts go inline when the pool has no spare room: never refused by it
         assert server.post("/v1/completions", json=body | {"prompt": "short"}).status_code == 200
     finally:
         server.stop()

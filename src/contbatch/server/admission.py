@@ -8,7 +8,11 @@ tokenization runs on a small bounded pool of threads, never on the event loop.
   counting once it has reached the limit, so refusing a 4 MB prompt costs microseconds.
 - `TokenizerPool`: ``workers`` threads run long tokenizations (and what else a request needs
   done off the event loop); at most ``max_pending`` jobs are admitted (running or queued), and
-  one more gets a 503 with ``Retry-After`` instead of piling up. A job whose request went away
+  one more gets a 503 with ``Retry-After`` instead of piling up. Short prompts are tokenized
+  there too while fewer than half of its places are taken (`has_spare_room`), on the event loop
+  otherwise: the tokenizer releases Python's GIL, so a burst's prompts are tokenized beside the
+  event loop reading the next requests (48 requests at once reached the step driver over 13-15
+  ms instead of 30 on the two-core machine measured). A job whose request went away
   before it started is dropped; the count of admitted jobs follows the jobs themselves, so an
   abandoned one keeps its place until its thread is done with it.
 """
@@ -64,6 +68,12 @@ class TokenizerPool:
     def pending(self) -> int:
         """Jobs admitted and not done (running or queued)."""
         return self._pending
+
+    @property
+    def has_spare_room(self) -> bool:
+        """Fewer than half of `max_pending` jobs admitted: room for one that could as well run
+        on the event loop (a short prompt), the other half kept for those that must not."""
+        return self._pending < self.max_pending // 2
 
     async def run(self, job: Callable[[], T]) -> T:
         """`job()` on a worker thread; 503 when `max_pending` jobs are admitted already."""

@@ -60,7 +60,9 @@ from contbatch.server.types import SamplingParams, Submission
 
 log = logging.getLogger(__name__)
 
-LONG_PROMPT_CHARS = 8192  # longer prompts are tokenized on the tokenizer pool's threads
+# longer prompts are size-checked, then tokenized on the tokenizer pool (a 503 when it is full); shorter
+# ones there too while it has spare room (`TokenizerPool.has_spare_room`), else on the event loop
+LONG_PROMPT_CHARS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +230,8 @@ async def _tokenize(
     try:
         if isinstance(prompt, str) and len(prompt) >= LONG_PROMPT_CHARS:
             check_prompt_size(client, prompt, param)
+            return await pool.run(functools.partial(client.prompt_ids, prompt))
+        if isinstance(prompt, str) and pool.has_spare_room:  # (the tokenizer releases the GIL: off the event loop)
             return await pool.run(functools.partial(client.prompt_ids, prompt))
         return client.prompt_ids(prompt)
     except IntakeError as exc:
