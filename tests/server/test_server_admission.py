@@ -368,13 +368,16 @@ def test_serve_passes_its_limits_to_uvicorn(monkeypatch: pytest.MonkeyPatch) -> 
     from contbatch.cli import serve_cmd
 
     ran: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.update(options))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.update(options, app=app))
     args = build_parser().parse_args(["serve", "--backend", "sim"])
     assert serve_cmd.run_serve_command(args) == 0
     assert ran["limit_concurrency"] == 2048
     protocol = ran["http"]
     assert issubclass(protocol, LimitedProtocol)
     assert (protocol.head_timeout_s, protocol.send_buffer) == (20.0, 64 << 10)
+    # its connections tell the step driver's gather when bytes last came in
+    assert protocol.activity is ran["app"].state.http_activity
+    assert ran["app"].state.client.driver.gather.last_activity is protocol.activity
     config = serve_cmd.build_app(args).state.config
     assert (config.body_timeout_s, config.tokenizer_workers, config.tokenizer_queue) == (30.0, 2, 64)
     assert not config.trust_tenant_header and config.api_keys is None

@@ -4,6 +4,7 @@ cancellation, output credits, timers, gathering a burst after an idle spell, and
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -362,6 +363,33 @@ def test_an_idle_driver_gathers_a_burst_into_its_first_step() -> None:
     run(main())
     driver.stop()
     assert executor.steps[0] == ["short", "mid", "long"]
+    assert_clean(driver)
+
+
+def test_gathering_waits_while_the_http_side_is_reading() -> None:
+    """A burst whose later requests are still being read (their connections opening, their
+    bodies arriving: `Gather.last_activity` recent) is not over when its first submission has
+    waited `gap_s`: "short", submitted after several gaps of HTTP activity, joins the first step
+    and goes first; once the activity stops, the gather ends a gap later."""
+    reading = threading.Event()
+    reading.set()
+    executor = FakeExecutor()
+    gather = Gather(gap_s=0.05, max_s=30.0, last_activity=lambda: time.monotonic() if reading.is_set() else 0.0)
+    driver = make_driver(executor, gather=gather, queue_order="shortest")
+    driver.start()
+
+    async def main() -> None:
+        c = Collector(driver)
+        c.submit(sub("long", prompt=12, max_tokens=2))
+        await asyncio.sleep(0.3)  # six gaps: without the activity, "long" would have run alone
+        c.submit(sub("short", prompt=4, max_tokens=2))
+        reading.clear()
+        for rid in ("long", "short"):
+            assert (await c.until_final(rid))[-1].finish_reason is FinishReason.LENGTH
+
+    run(main())
+    driver.stop()
+    assert executor.steps[0] == ["short", "long"]
     assert_clean(driver)
 
 

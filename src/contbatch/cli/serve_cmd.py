@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contbatch.cli.options import UsageError, cost_model, scheduler_config
 from contbatch.collector import freeze_startup_heap
 from contbatch.core import SCHEDULERS
 from contbatch.core.config import PRESETS
 from contbatch.sim.cost import cost_help
+
+if TYPE_CHECKING:
+    from contbatch.server.connections import Activity
 
 SERVER_DEFAULTS: tuple[str, ...] = (
     "lifecycle.output_credits=256",
@@ -237,6 +240,7 @@ def build_app(args: argparse.Namespace) -> Any:
     from contbatch.server.app import create_app
     from contbatch.server.backends import BackendError, BackendOptions, make_backend
     from contbatch.server.client import DriverClient
+    from contbatch.server.connections import Activity
     from contbatch.server.driver import Gather
     from contbatch.server.serving import ServerConfig
     from contbatch.sim.cost import AffineCost
@@ -262,15 +266,19 @@ def build_app(args: argparse.Namespace) -> Any:
         trust_tenant_header=args.trust_tenant_header,
         api_keys=keys,
     )
-    gather = Gather(args.gather_gap, args.gather_max)
-    return create_app(DriverClient(backend, scheduler=args.scheduler, gather=gather), server_config)
+    activity = Activity()  # (bytes coming in: a gathered first step waits for a burst still being read)
+    gather = Gather(args.gather_gap, args.gather_max, last_activity=activity)
+    app = create_app(DriverClient(backend, scheduler=args.scheduler, gather=gather), server_config)
+    app.state.http_activity = activity  # (for its connections: `run_http`)
+    return app
 
 
-def uvicorn_options(args: argparse.Namespace, send_buffer: int) -> dict[str, Any]:
+def uvicorn_options(args: argparse.Namespace, send_buffer: int, activity: Activity | None = None) -> dict[str, Any]:
     """The connection limits of the flags (`--limit-concurrency`, `--header-timeout`), a
-    connection's send buffer (bytes), the parser and the event loop (`--http`, `--loop`), as
-    `uvicorn.Config` options (`contbatch.server.connections`). `UsageError` when the parser or
-    the loop named is not installed."""
+    connection's send buffer (bytes), the parser and the event loop (`--http`, `--loop`), and the
+    `Activity` its connections touch (None: none), as `uvicorn.Config` options
+    (`contbatch.server.connections`). `UsageError` when the parser or the loop named is not
+    installed."""
     import importlib.util
 
     from contbatch.server.connections import limited_protocol
@@ -280,7 +288,7 @@ def uvicorn_options(args: argparse.Namespace, send_buffer: int) -> dict[str, Any
             raise UsageError(f"{flag} {choice}: {choice} is not installed (pip install {choice})")
     return {
         "limit_concurrency": args.limit_concurrency or None,
-        "http": limited_protocol(args.header_timeout, send_buffer, args.http),
+        "http": limited_protocol(args.header_timeout, send_buffer, args.http, activity),
         "loop": args.loop,
     }
 
@@ -292,7 +300,7 @@ def run_http(app: Any, args: argparse.Namespace, *, command: str, keyed: bool, s
     import uvicorn
 
     try:
-        options = uvicorn_options(args, send_buffer)
+        options = uvicorn_options(args, send_buffer, getattr(app.state, "http_activity", None))
     except UsageError as exc:
         print(f"contbatch {command}: error: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,10 @@ uvicorn's C parser, when it is installed, else h11, in pure Python):
   pauses at its output credits (`lifecycle.output_credits`, `max_pause`).
 - ``TCP_NODELAY`` on every connection: asyncio sets it only on sockets of its own making, so a
   listening socket handed to uvicorn would answer small responses 40 ms late (delayed ACKs).
+
+And, given an `Activity`, when bytes last came in on any connection (a connection opened counts):
+an idle engine's gathered first step waits for a burst still being read
+(`contbatch.server.driver.Gather.last_activity`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import socket
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -51,6 +56,23 @@ def parser_name(choice: str) -> str:
     return "httptools" if importlib.util.find_spec("httptools") is not None else "h11"
 
 
+class Activity:
+    """When bytes last came in on one of a server's connections (`time.monotonic()`; -inf before
+    any): its protocols `touch` it from the event loop, the step driver's thread reads it (a float
+    attribute: each read sees one whole value)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.last
+
+
 class LimitedProtocol(_Protocol):
     """A head timeout and a bounded send buffer (module docstring), mixed into a uvicorn HTTP
     protocol (`limited_protocol`). Both protocols it goes with parse what arrives in
@@ -58,8 +80,11 @@ class LimitedProtocol(_Protocol):
 
     head_timeout_s: ClassVar[float | None] = 20.0
     send_buffer: ClassVar[int | None] = 64 << 10
+    activity: ClassVar[Activity | None] = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self.activity is not None:
+            self.activity.touch()
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         sock = transport.get_extra_info("socket")
@@ -73,6 +98,8 @@ class LimitedProtocol(_Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self.activity is not None:
+            self.activity.touch()
         super().data_received(data)
         if not self._waiting_for_head() and self._head_timer is not None:
             self._head_timer.cancel()  # a request is under way: its body has its own limit
@@ -104,8 +131,11 @@ class LimitedProtocol(_Protocol):
             self.transport.close()
 
 
-def limited_protocol(head_timeout_s: float | None, send_buffer: int | None, parser: str = AUTO) -> type[Any]:
+def limited_protocol(
+    head_timeout_s: float | None, send_buffer: int | None, parser: str = AUTO, activity: Activity | None = None
+) -> type[Any]:
     """`LimitedProtocol` with its limits (None or 0: none) over `parser`'s protocol (`PARSERS`,
-    or `AUTO`), for ``uvicorn.Config(http=...)``. ImportError when that parser is not installed."""
-    limits = {"head_timeout_s": head_timeout_s or None, "send_buffer": send_buffer or None}
+    or `AUTO`), touching `activity` when given, for ``uvicorn.Config(http=...)``. ImportError when
+    that parser is not installed."""
+    limits = {"head_timeout_s": head_timeout_s or None, "send_buffer": send_buffer or None, "activity": activity}
     return type("LimitedProtocol", (LimitedProtocol, PARSERS[parser_name(parser)]()), limits)

@@ -44,7 +44,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from contbatch.core import make_scheduler
@@ -66,10 +66,14 @@ class DriverClosed(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Gather:
     """How the first step after an idle spell waits for a burst: until no submission arrived for
-    `gap_s` seconds, at most `max_s` after it began waiting. `gap_s` 0: no waiting."""
+    `gap_s` seconds, at most `max_s` after it began waiting. `gap_s` 0: no waiting. With
+    `last_activity` (when bytes last came in on the HTTP side, `time.monotonic()`: the server's
+    `connections.Activity`), also until none came in for `gap_s`: requests whose connections are
+    still being opened or read belong to the burst."""
 
     gap_s: float = 0.0
     max_s: float = 0.25
+    last_activity: Callable[[], float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("gap_s", "max_s"):
@@ -226,17 +230,26 @@ class Driver:
                     core.abort(request_id, FinishReason.CANCELLED, "the server shut down")
 
     def _gather_burst(self) -> None:
-        """Apply further inbox ops until none came for `gather.gap_s`, or `gather.max_s` passed
-        (wall time: `threading.Condition.wait`), or the driver is halting."""
-        gap_s = self.gather.gap_s
+        """Apply further inbox ops until none came, nor bytes on the HTTP side where
+        `gather.last_activity` tells, for `gather.gap_s`; or until `gather.max_s` passed (wall
+        time: `threading.Condition.wait`), or the driver is halting."""
+        gap_s, last_activity = self.gather.gap_s, self.gather.last_activity
         deadline = time.monotonic() + self.gather.max_s
-        while (left := deadline - time.monotonic()) > 0:
+        last_op = time.monotonic()  # (the burst's first submission was applied just before)
+        while True:
+            latest = last_op if last_activity is None else max(last_op, last_activity())
+            wait_s = min(latest + gap_s, deadline) - time.monotonic()
+            if wait_s <= 0:
+                return
             with self._cond:
                 if not self._inbox and not self._halt:
-                    self._cond.wait(min(gap_s, left))
-                if not self._inbox or self._halt:
+                    self._cond.wait(wait_s)
+                if self._halt:
                     return
-            self._apply_inbox()
+                more = bool(self._inbox)
+            if more:
+                self._apply_inbox()
+                last_op = time.monotonic()
 
     def _submit_isolated(self, sub: Submission, loop: asyncio.AbstractEventLoop, sink: EventSink) -> None:
         """`_apply_submit`, so that whatever goes wrong ends this submission alone, with an event."""

@@ -373,13 +373,10 @@ def panel_product(x: torch.Tensor, packed: torch.Tensor, *, argmax: torch.Tensor
     library = native_library()
     if library is None:
         raise NativeUnavailable("the native kernels are off: a panel-packed weight cannot be multiplied")
+    x = _panel_operand(x, packed, weight_rows=1)
     rows, width = x.shape
-    if x.dtype != torch.float32 or x.device.type != "cpu" or width == 0 or packed.numel() % width:
-        raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit a panel-packed weight of {packed.numel()} floats")
     if argmax is not None and (argmax.shape != (rows,) or not _on_cpu(torch.int64, argmax)):
         raise ValueError(f"argmax must be a contiguous int64 [{rows}] CPU tensor, got {tuple(argmax.shape)}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
     out = x.new_empty((rows, packed.numel() // width))
     if rows:
         threads = torch.get_num_threads()
@@ -390,6 +387,16 @@ def panel_product(x: torch.Tensor, packed: torch.Tensor, *, argmax: torch.Tensor
         if failed:
             raise MemoryError("the native panel product could not allocate its argmax scratch")
     return out
+
+
+def _panel_operand(x: torch.Tensor, packed: torch.Tensor, *, weight_rows: int) -> torch.Tensor:
+    """x as the panel kernels read it (float32 on the CPU, unit stride along K), after checking
+    that it fits `packed` (a whole multiple of `weight_rows` weight rows of x's width); ValueError
+    otherwise."""
+    width = x.shape[1]
+    if x.dtype != torch.float32 or x.device.type != "cpu" or width == 0 or packed.numel() % (weight_rows * width):
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit a panel-packed weight of {packed.numel()} floats")
+    return x if x.stride(1) == 1 else x.contiguous()
 
 
 def activation_rows(rows: int, width: int, like: torch.Tensor) -> torch.Tensor:
@@ -411,14 +418,11 @@ def gated_panel_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor |
     library = native_library()
     if library is None:
         return None
+    x = _panel_operand(x, packed, weight_rows=2)
     rows, width = x.shape
-    if x.dtype != torch.float32 or x.device.type != "cpu" or width == 0 or packed.numel() % (2 * width):
-        raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit a panel-packed weight of {packed.numel()} floats")
     half = packed.numel() // (2 * width)
     if half % 32:
         return None
-    if x.stride(1) != 1:
-        x = x.contiguous()
     out = activation_rows(rows, half, x)
     if rows and library.gemm_gated(
         x.data_ptr(), x.stride(0), packed.data_ptr(), out.data_ptr(), out.stride(0), rows, half, width,
