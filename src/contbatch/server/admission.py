@@ -11,8 +11,8 @@ tokenization runs on a small bounded pool of threads, never on the event loop.
   one more gets a 503 with ``Retry-After`` instead of piling up. Short prompts are tokenized
   there too while fewer than half of its places are taken (`has_spare_room`), on the event loop
   otherwise: the tokenizer releases Python's GIL, so a burst's prompts are tokenized beside the
-  event loop reading the next requests (48 requests at once reached the step driver over 13-15
-  ms instead of 30 on the two-core machine measured). A job whose request went away
+  event loop reading the next requests (the handlers of 48 requests sent at once began over
+  13-15 ms instead of 30 on the two-core machine measured). A job whose request went away
   before it started is dropped; the count of admitted jobs follows the jobs themselves, so an
   abandoned one keeps its place until its thread is done with it.
 """
