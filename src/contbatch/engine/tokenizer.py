@@ -68,6 +68,7 @@ class Tokenizer:
 
     def __init__(self, backend: HFTokenizer, config: Mapping[str, Any], chat_template: str | None = None) -> None:
         self.backend = backend
+        self._encode_many = getattr(backend, "encode_batch_fast", backend.encode_batch)  # (see `encode`)
         self.config = dict(config)
         self.chat_template = chat_template
         self.special_tokens: dict[str, str] = {}
@@ -107,8 +108,7 @@ class Tokenizer:
         (`encode_batch_fast`, no character offsets; `encode_batch` before tokenizers 0.21), which
         releases Python's GIL while it runs: a server's event loop and step driver go on meanwhile
         (the single `encode` holds the GIL for about 1 µs a token)."""
-        encode_many = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-        return list(encode_many([text], add_special_tokens=add_special_tokens)[0].ids)
+        return list(self._encode_many([text], add_special_tokens=add_special_tokens)[0].ids)
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens))

@@ -228,11 +228,12 @@ async def _tokenize(
     else:
         prompt = parsed.prompt_token_ids if parsed.prompt_token_ids is not None else parsed.prompt or ""
     try:
-        if isinstance(prompt, str) and len(prompt) >= LONG_PROMPT_CHARS:
-            check_prompt_size(client, prompt, param)
-            return await pool.run(functools.partial(client.prompt_ids, prompt))
-        if isinstance(prompt, str) and pool.has_spare_room:  # (the tokenizer releases the GIL: off the event loop)
-            return await pool.run(functools.partial(client.prompt_ids, prompt))
+        if isinstance(prompt, str):
+            long = len(prompt) >= LONG_PROMPT_CHARS
+            if long:
+                check_prompt_size(client, prompt, param)
+            if long or pool.has_spare_room:  # (the tokenizer releases the GIL: off the event loop)
+                return await pool.run(functools.partial(client.prompt_ids, prompt))
         return client.prompt_ids(prompt)
     except IntakeError as exc:
         raise bad(f"'{param}': {exc}", param) from None

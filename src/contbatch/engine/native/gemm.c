@@ -10,12 +10,12 @@
    columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k, the k
    loop unrolled four times), and each pair's first tile prefetches the next pair into L2
    meanwhile. a's rows go ROW_BLOCK_FLOATS at a time (a block stays in a core's L2 while every
-   panel passes; a prefill's thousands of rows do not fit), so a panel is read once per block. Work is handed out by (row block, pair of
-   panels), PANELS_PER_GRAB panels at a time, to whichever of `num_threads` OpenMP threads
-   (torch's, as for the other kernels) is free: a thread that loses its core to another process
-   (a server's HTTP side, its client) holds up its own panels only, where a static split made
-   every other thread wait for its half. Given `argmax`, gemm_panels also finds each row's first
-   maximum (panel_best: each pair's columns scanned right after its tile is stored, while they
+   panel passes; a prefill's thousands of rows do not fit), so a panel is read once per block.
+   Work is handed out by (row block, pair of panels), PANELS_PER_GRAB panels at a time, to whichever
+   of `num_threads` OpenMP threads (torch's, as for the other kernels) is free: a thread that loses
+   its core to another process (a server's HTTP side, its client) holds up its own panels only,
+   where a static split made every other thread wait for its half. Given `argmax`, gemm_panels also
+   finds each row's first maximum (panel_best: each pair's columns scanned right after its tile is stored, while they
    are in cache; the threads' results merged after), which a greedy step would otherwise read
    the whole [M, N] product again for. gemm_gated multiplies a by a gated MLP's fused gate and
    up weight and applies silu(gate) * up as each pair of columns leaves the product, so the
@@ -295,8 +295,8 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
 }
 
 /* out[r, j] (rows ldo floats apart) = silu(g) u for g = c[r, j], u = c[r, n + j] of c = a . w^T,
-   w [2n, K] (the gate's rows, then the up projection's) packed by pack_panels, n a multiple of 32: the gated MLP's
-   activation without its [M, 2n] product in memory. Work is handed out as gemm_panels does, by
+   w [2n, K] (the gate's rows, then the up projection's) packed by pack_panels, n a multiple of
+   32: the gated MLP's activation without its [M, 2n] product in memory. Work is handed out as gemm_panels does, by
    (row block, pair of the gate's panels); each task writes the gate's 32 columns where their
    activations go, the up projection's pair into a scratch of the thread's, and then combines the
    two while they are in cache (silu_times: silu_mul's bits). 0; -1 when a thread's scratch could
@@ -441,7 +441,8 @@ int argmax_bf16(const float *a, int64_t lda, const uint16_t *head16, const float
                 int64_t *argmax) {
   if ((argmax_bf16_kernels() & kernel) == 0 || (kernel != VECTORS && kernel != TILES)) return -2;
 #if defined(GEMM_AVX512)
-  const int64_t Kp = kernel == TILES ? (K + TILE_K - 1) / TILE_K * TILE_K : K, block = kernel == TILES ? TILE_ROWS : MR512;
+  const int64_t Kp = kernel == TILES ? (K + TILE_K - 1) / TILE_K * TILE_K : K;
+  const int64_t block = kernel == TILES ? TILE_ROWS : MR512;
   float *scale = malloc(sizeof(float) * (M > 0 ? M : 1)); /* bound * |a_r|, or NAN: the row goes to float32 */
   float *absolute = malloc(sizeof(float) * (M > 0 ? M : 1));
   Row *state = malloc(sizeof(Row) * (M > 0 ? M : 1) * num_threads);

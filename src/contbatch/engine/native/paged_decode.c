@@ -317,7 +317,8 @@ static void transpose_rows(const float *rows_q, int64_t rows, int64_t D, int64_t
   for (int64_t c = 0; c < RP; c += LANES) {
     const int64_t live = rows - c < 0 ? 0 : rows - c > LANES ? LANES : rows - c;
     const __mmask16 mask = (__mmask16)((1u << live) - 1);
-    const __m512i where = _mm512_mullo_epi32(_mm512_add_epi32(row, _mm512_set1_epi32((int)c)), _mm512_set1_epi32((int)D));
+    const __m512i first = _mm512_add_epi32(row, _mm512_set1_epi32((int)c)); /* the lanes' rows */
+    const __m512i where = _mm512_mullo_epi32(first, _mm512_set1_epi32((int)D));
     for (int64_t d = 0; d < D; d++)
       _mm512_storeu_ps(qt + d * RP + c, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, where, rows_q + d, 4));
   }
