@@ -21,7 +21,14 @@ import sys
 from typing import Any
 
 from contbatch.cli.options import UsageError
-from contbatch.cli.serve_cmd import DEFAULT_SEND_BUFFER, add_http_flags, api_keys, run_http
+from contbatch.cli.serve_cmd import (
+    DEFAULT_SEND_BUFFER,
+    add_access_flags,
+    add_http_flags,
+    api_keys,
+    check_access_flags,
+    run_http,
+)
 from contbatch.routing import RouterSpecError, make_router, router_help
 
 UPSTREAM_KEY_ENV = "CONTBATCH_UPSTREAM_API_KEY"
@@ -143,47 +150,7 @@ def add_route_parser(commands: Any) -> None:
         help="characters per prefix key, for prefix-aware routers (default %(default)s)",
     )
     access = route.add_argument_group("access (as contbatch serve)")
-    access.add_argument(
-        "--api-key",
-        dest="api_keys",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="require this key (Authorization: Bearer KEY) on the /v1/ routes; repeatable",
-    )
-    access.add_argument(
-        "--api-keys-file",
-        metavar="PATH",
-        help="JSON or YAML: key -> {tenant, priority, max_concurrent, rate, burst} "
-        "(see docs/server.md); the tenant goes upstream as X-Tenant",
-    )
-    access.add_argument(
-        "--trust-tenant-header",
-        action="store_true",
-        help="honour a client's X-Tenant (else a request's tenant is its API key's, or none)",
-    )
-    access.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
-    access.add_argument(
-        "--body-timeout",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="a request body not in by then: 408 (0: none; default %(default)g)",
-    )
-    access.add_argument(
-        "--header-timeout",
-        type=float,
-        default=20.0,
-        metavar="S",
-        help="close a connection whose request head is not in by then (0: none; default %(default)g)",
-    )
-    access.add_argument(
-        "--limit-concurrency",
-        type=int,
-        default=4096,
-        metavar="N",
-        help="open client connections at most (0: no limit; default %(default)s)",
-    )
+    add_access_flags(access, limit_concurrency=4096, tenant_upstream=True)
     add_http_flags(access)
     route.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     route.add_argument("--access-log", action="store_true", help="log every HTTP request")
@@ -197,9 +164,7 @@ def gateway_config(args: argparse.Namespace) -> Any:
         make_router(args.router)
     except RouterSpecError as exc:
         raise UsageError(f"--router: {exc}") from None
-    for flag, value in (("--header-timeout", args.header_timeout), ("--limit-concurrency", args.limit_concurrency)):
-        if not value >= 0:
-            raise UsageError(f"{flag} must be >= 0, got {value}")
+    check_access_flags(args)
     try:
         config = GatewayConfig(
             backends=backends_of(args.backends),

@@ -103,7 +103,6 @@ def add_serve_parser(commands: Any) -> None:
         help="scheduler config field, as for simulate: max_num_seqs=64, kv.num_blocks=2048, "
         "lifecycle.request_timeout=60, lifecycle.ttft_timeout=10, lifecycle.max_waiting=256, ...",
     )
-    serve.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
     serve.add_argument("--default-max-tokens", type=int, default=1024, help="chat requests that give no limit")
     serve.add_argument("--shutdown-grace", type=float, default=5.0, metavar="S", help="in-flight time at shutdown")
     serve.add_argument(
@@ -117,53 +116,7 @@ def add_serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--gather-max", type=float, default=0.25, metavar="S", help="... and at most S seconds in all (default 0.25)"
     )
-    _add_access_flags(serve)
-    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
-    serve.add_argument(
-        "--access-log", action="store_true", help="log every HTTP request (off: it costs CPU under load)"
-    )
-
-
-def _add_access_flags(serve: argparse.ArgumentParser) -> None:
-    serve.add_argument(
-        "--api-key",
-        dest="api_keys",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="require this key (Authorization: Bearer KEY) on the /v1/ routes; repeatable",
-    )
-    serve.add_argument(
-        "--api-keys-file",
-        metavar="PATH",
-        help="JSON or YAML: key -> {tenant, priority, max_concurrent, rate, burst} (see docs/server.md)",
-    )
-    serve.add_argument(
-        "--trust-tenant-header",
-        action="store_true",
-        help="honour X-Tenant (else a request's tenant is its API key's, or none)",
-    )
-    serve.add_argument(
-        "--body-timeout",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="a request body not in by then: 408 (0: none; default %(default)g)",
-    )
-    serve.add_argument(
-        "--header-timeout",
-        type=float,
-        default=20.0,
-        metavar="S",
-        help="close a connection whose request head is not in by then (slow loris; 0: none; default %(default)g)",
-    )
-    serve.add_argument(
-        "--limit-concurrency",
-        type=int,
-        default=2048,
-        metavar="N",
-        help="open connections at most (0: no limit; default %(default)s)",
-    )
+    add_access_flags(serve, limit_concurrency=2048)
     serve.add_argument(
         "--send-buffer",
         type=int,
@@ -186,13 +139,76 @@ def _add_access_flags(serve: argparse.ArgumentParser) -> None:
         help="long prompts admitted to them at once (503 beyond; default %(default)s)",
     )
     add_http_flags(serve)
+    serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    serve.add_argument(
+        "--access-log", action="store_true", help="log every HTTP request (off: it costs CPU under load)"
+    )
+
+
+def add_access_flags(parser: Any, *, limit_concurrency: int, tenant_upstream: bool = False) -> None:
+    """The flags `serve` and `route` share (checked by `check_access_flags`): API keys and tenants,
+    the request body's size and time, the request head's time, open connections at most."""
+    parser.add_argument(
+        "--api-key",
+        dest="api_keys",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require this key (Authorization: Bearer KEY) on the /v1/ routes; repeatable",
+    )
+    upstream = "; the tenant goes upstream as X-Tenant" if tenant_upstream else ""
+    parser.add_argument(
+        "--api-keys-file",
+        metavar="PATH",
+        help=f"JSON or YAML: key -> {{tenant, priority, max_concurrent, rate, burst}} (see docs/server.md){upstream}",
+    )
+    parser.add_argument(
+        "--trust-tenant-header",
+        action="store_true",
+        help="honour a client's X-Tenant (else a request's tenant is its API key's, or none)",
+    )
+    parser.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get 413")
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a request body not in by then: 408 (0: none; default %(default)g)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="close a connection whose request head is not in by then (slow loris; 0: none; default %(default)g)",
+    )
+    parser.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=limit_concurrency,
+        metavar="N",
+        help="open client connections at most (0: no limit; default %(default)s)",
+    )
+
+
+def check_access_flags(args: argparse.Namespace) -> None:
+    """UsageError for a bad value of `add_access_flags`' flags."""
+    if args.max_body_bytes < 1:
+        raise UsageError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    for flag, number in (
+        ("--body-timeout", args.body_timeout),
+        ("--header-timeout", args.header_timeout),
+        ("--limit-concurrency", args.limit_concurrency),
+    ):
+        if not number >= 0:
+            raise UsageError(f"{flag} must be >= 0, got {number}")
 
 
 def _check_flags(args: argparse.Namespace) -> None:
     if args.scheduler not in SCHEDULERS:
         raise UsageError(f"--scheduler: unknown {args.scheduler!r}; known: {', '.join(SCHEDULERS)}")
+    check_access_flags(args)
     positive = (
-        ("--max-body-bytes", args.max_body_bytes),
         ("--default-max-tokens", args.default_max_tokens),
         ("--tokenizer-workers", args.tokenizer_workers),
         ("--tokenizer-queue", args.tokenizer_queue),
@@ -202,9 +218,6 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} must be >= 1, got {value}")
     for flag, number in (
         ("--shutdown-grace", args.shutdown_grace),
-        ("--body-timeout", args.body_timeout),
-        ("--header-timeout", args.header_timeout),
-        ("--limit-concurrency", args.limit_concurrency),
         ("--send-buffer", args.send_buffer),
     ):
         if not number >= 0:
