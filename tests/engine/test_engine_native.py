@@ -56,14 +56,26 @@ def _step(
     return layouts, q, k, v, (cache[0], cache[1])
 
 
-@pytest.fixture(params=["this CPU", "portable"])
+# each build of the kernels but this CPU's own: the flags added to FLAGS
+OTHER_BUILDS = {"AVX2": ("-mno-avx512f",), "portable": ("-DCONTBATCH_NATIVE_PORTABLE",)}
+
+
+def _has_avx512() -> bool:
+    return "avx512f" in Path("/proc/cpuinfo").read_text()
+
+
+@pytest.fixture(params=["this CPU", "AVX2", "portable"])
 def kernel_build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each build of the kernels in turn: for this CPU (the decode attention's AVX-512 loops for head
     dims that are multiples of 16 where the CPU has them, its AVX2 loops for other multiples of 8),
-    and its portable loops alone (what other CPUs run), put in its place."""
-    if request.param == "portable":
-        portable = load_library((*FLAGS, "-DCONTBATCH_NATIVE_PORTABLE"))
-        monkeypatch.setattr(native, "native_library", lambda: portable)
+    for this CPU without AVX-512 (the AVX2 loops alone, what AVX2 machines run: tile16 and its
+    prefetches, the attention's 8-wide loops; only where this CPU has AVX-512, else it is the
+    first), and its portable loops alone (what other CPUs run), put in its place."""
+    if request.param == "AVX2" and not _has_avx512():
+        pytest.skip("this CPU has no AVX-512: its own build is the AVX2 one")
+    if request.param in OTHER_BUILDS:
+        other = load_library((*FLAGS, *OTHER_BUILDS[request.param]))
+        monkeypatch.setattr(native, "native_library", lambda: other)
     return str(request.param)
 
 
@@ -183,13 +195,14 @@ def test_silu_mul_is_the_gated_activation(rows: int) -> None:
     torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("out_features", "in_features"), [(640, 384), (100, 40), (16, 1), (5, 7)])
+@pytest.mark.parametrize(("out_features", "in_features"), [(640, 384), (6160, 384), (100, 40), (16, 1), (5, 7)])
 @pytest.mark.parametrize("rows", [0, 1, 5, 6, 13, 16, 32, 300, 1500])
 @pytest.mark.usefixtures("kernel_build")
 def test_panel_product_is_the_matrix_product(out_features: int, in_features: int, rows: int) -> None:
     """Full panels of 16 columns and a narrower last one, pairs of panels and an odd one left; row
     tiles of 6 (AVX2) or 14 (AVX-512) and every remainder; 1,500 rows of 384 inputs: three row
-    blocks; both builds (the machine's vector loops, and the portable ones)."""
+    blocks; a weight of 9 MiB (over `STREAMED_WEIGHT_BYTES`: each pair's first tile prefetches
+    the next pair, the last whole pair's next one is the odd panel); every build (`kernel_build`)."""
     torch.manual_seed(out_features + rows)
     weight = torch.randn(out_features, in_features) * in_features**-0.5  # (outputs of about 1, as a model's)
     x = torch.randn(rows, in_features)
@@ -237,7 +250,7 @@ def test_gated_product_gives_silu_mul_of_the_products_bits(half: int, in_feature
     """silu(gate) * up from the gate and up columns as they leave the products (`gemm_gated`) is
     `silu_mul(panel_product(...))` bit for bit: one pair of panels (32 columns each side) and
     many, row tiles and their remainders, 1,500 rows of 384 inputs (three row blocks), a strided
-    x; both builds."""
+    x; every build."""
     torch.manual_seed(half + rows)
     weight = torch.randn(2 * half, in_features) * in_features**-0.5
     x = torch.randn(rows, 2 * in_features)[:, ::2]

@@ -9,7 +9,8 @@
    fused multiply-adds). With AVX-512, two adjacent panels go together (tile32: 14 rows x 32
    columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k, the k
    loop unrolled four times), and each pair's first tile prefetches its own panels ahead of
-   its loads. a's rows go ROW_BLOCK_FLOATS at a time (a block stays in a core's L2 while every
+   its loads (and the next pair, for a weight that streams from memory: pair_after); with AVX2
+   each panel's first tile likewise. a's rows go ROW_BLOCK_FLOATS at a time (a block stays in a core's L2 while every
    panel passes; a prefill's thousands of rows do not fit), so a panel is read once per block.
    Work is handed out by (row block, pair of panels), PANELS_PER_GRAB panels at a time, to whichever
    of `num_threads` OpenMP threads (torch's, as for the other kernels) is free: a thread that loses
@@ -39,6 +40,9 @@
 #endif
 
 enum { NR = 16, MR = 6, PANELS_PER_GRAB = 4 }; /* 4 panels: a run of memory the prefetchers stream */
+/* a panel's first row tile prefetches the panel this many rows of k ahead of its loads (6 KB; 48
+   and 192 measured slower at 1-32 rows of a) */
+enum { FETCH_AHEAD_K = 96 };
 /* a row block: about 1 MB of a (half a core's L2 on the machines measured), whole tiles of 6 and of 14 rows */
 enum { ROW_BLOCK_FLOATS = 262144, BLOCK_ROWS_MULTIPLE = 42 };
 
@@ -84,12 +88,14 @@ static void tile_portable(const float *a, int64_t lda, const float *panel, int64
     _mm256_storeu_ps(c + r * ldc + 8, c##r##1);   \
   }
 
-/* tile_portable for a full panel (width 16), rows <= 6 a constant where it is inlined */
+/* tile_portable for a full panel (width 16), rows <= 6 and `fetch` constants where it is inlined;
+   with `fetch` (the panel's first tile) the panel is prefetched ahead of the loads, as tile32 does */
 static inline __attribute__((always_inline)) void tile16(const float *a, int64_t lda, const float *panel, int64_t K,
-                                                         float *c, int64_t ldc, const int rows) {
+                                                         float *c, int64_t ldc, const int rows, const int fetch) {
   ROW_DECLARE(0) ROW_DECLARE(1) ROW_DECLARE(2) ROW_DECLARE(3) ROW_DECLARE(4) ROW_DECLARE(5)
   for (int64_t k = 0; k < K; k++) {
     const __m256 b0 = _mm256_loadu_ps(panel + k * NR), b1 = _mm256_loadu_ps(panel + k * NR + 8);
+    if (fetch) _mm_prefetch((const char *)(panel + (k + FETCH_AHEAD_K) * NR), _MM_HINT_T0);
     ROW_MULTIPLY(0) ROW_MULTIPLY(1) ROW_MULTIPLY(2) ROW_MULTIPLY(3) ROW_MULTIPLY(4) ROW_MULTIPLY(5)
   }
   ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
@@ -97,15 +103,15 @@ static inline __attribute__((always_inline)) void tile16(const float *a, int64_t
 
 static void panel_rows(const float *a, int64_t lda, const float *panel, int64_t K, float *c, int64_t ldc, int64_t M) {
   int64_t m = 0;
-  for (; m + MR <= M; m += MR) tile16(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR);
+  for (; m + MR <= M; m += MR) tile16(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR, m == 0);
   const float *am = a + m * lda;
   float *cm = c + m * ldc;
   switch (M - m) { /* (each case inlines tile16 for its row count) */
-    case 5: tile16(am, lda, panel, K, cm, ldc, 5); break;
-    case 4: tile16(am, lda, panel, K, cm, ldc, 4); break;
-    case 3: tile16(am, lda, panel, K, cm, ldc, 3); break;
-    case 2: tile16(am, lda, panel, K, cm, ldc, 2); break;
-    case 1: tile16(am, lda, panel, K, cm, ldc, 1); break;
+    case 5: tile16(am, lda, panel, K, cm, ldc, 5, m == 0); break;
+    case 4: tile16(am, lda, panel, K, cm, ldc, 4, m == 0); break;
+    case 3: tile16(am, lda, panel, K, cm, ldc, 3, m == 0); break;
+    case 2: tile16(am, lda, panel, K, cm, ldc, 2, m == 0); break;
+    case 1: tile16(am, lda, panel, K, cm, ldc, 1, m == 0); break;
     default: break;
   }
 }
@@ -116,8 +122,7 @@ static void panel_rows(const float *a, int64_t lda, const float *panel, int64_t 
 /* Two adjacent full panels at once (32 columns, two registers a row) for up to 14 rows: 28
    accumulators; per k, 2 panel loads and 14 broadcasts feed 28 fused multiply-adds, so the
    multiply-adds bound the loop, not the loads (one panel of 16 rows: 17 loads for 16). */
-/* (FETCH_AHEAD_K: 96 rows of a pair, 6 KB a panel; 48 and 192 measured slower at 1-32 rows of a) */
-enum { MR512 = 14, FETCH_AHEAD_K = 96 };
+enum { MR512 = 14 };
 #define Z_DECLARE(r) __m512 z##r##0 = _mm512_setzero_ps(), z##r##1 = _mm512_setzero_ps();
 #define Z_MULTIPLY(r)                                     \
   if (rows > r) {                                         \
@@ -136,11 +141,15 @@ enum { MR512 = 14, FETCH_AHEAD_K = 96 };
    and `fetch` constants where it is inlined; each sum's terms in k order, as tile16's. With
    `fetch` (a pair's first tile, which reads the pair from L3 or memory: a model's weights do not
    stay in a core's L2 from one product to the next), the loads FETCH_AHEAD_K rows of k ahead are
-   prefetched meanwhile: the hardware prefetchers alone left the loop waiting. (Prefetching the
-   pair after this one in memory instead missed whenever another thread took that pair: 0.6-0.8
-   times the speed at 1-32 rows of a, where a pair's first tile is most of its time.) */
+   prefetched meanwhile: the hardware prefetchers alone left the loop waiting; and the pair at
+   `ahead` (NULL: none; see pair_after) into L2. (Prefetching only the pair after this one in
+   memory, as before, missed whenever another thread took that pair: 0.6-0.8 times the speed at
+   1-32 rows of a from L3, where a pair's first tile is most of its time. Prefetching as well
+   the pair that the same OpenMP grab holds next made the engine's decode steps of 1 and 8
+   requests 0.93 x as fast.) */
 static inline __attribute__((always_inline)) void tile32(const float *a, int64_t lda, const float *panel, int64_t K,
-                                                         float *c, int64_t ldc, const int rows, const int fetch) {
+                                                         float *c, int64_t ldc, const int rows, const int fetch,
+                                                         const float *ahead) {
   const float *next = panel + NR * K;
   Z_ALL(Z_DECLARE)
 #pragma GCC unroll 4
@@ -149,6 +158,10 @@ static inline __attribute__((always_inline)) void tile32(const float *a, int64_t
     if (fetch) {
       _mm_prefetch((const char *)(panel + (k + FETCH_AHEAD_K) * NR), _MM_HINT_T0);
       _mm_prefetch((const char *)(next + (k + FETCH_AHEAD_K) * NR), _MM_HINT_T0);
+      if (ahead != NULL) {
+        _mm_prefetch((const char *)(ahead + k * NR), _MM_HINT_T1);
+        _mm_prefetch((const char *)(ahead + NR * K + k * NR), _MM_HINT_T1);
+      }
     }
     Z_ALL(Z_MULTIPLY)
   }
@@ -156,16 +169,17 @@ static inline __attribute__((always_inline)) void tile32(const float *a, int64_t
 }
 
 #define Z_CASE(r) \
-  case r: tile32(am, lda, panel, K, cm, ldc, r, m == 0); break;
+  case r: tile32(am, lda, panel, K, cm, ldc, r, m == 0, ahead); break;
 
-/* panel_rows for two adjacent full panels */
-static void pair_rows(const float *a, int64_t lda, const float *panel, int64_t K, float *c, int64_t ldc, int64_t M) {
+/* panel_rows for two adjacent full panels; the first tile prefetches (tile32) */
+static void pair_rows(const float *a, int64_t lda, const float *panel, int64_t K, float *c, int64_t ldc, int64_t M,
+                      const float *ahead) {
   int64_t m = 0;
-  if (M >= MR512) { /* the first tile also fetches the next pair */
-    tile32(a, lda, panel, K, c, ldc, MR512, 1);
+  if (M >= MR512) {
+    tile32(a, lda, panel, K, c, ldc, MR512, 1, ahead);
     m = MR512;
   }
-  for (; m + MR512 <= M; m += MR512) tile32(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR512, 0);
+  for (; m + MR512 <= M; m += MR512) tile32(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR512, 0, NULL);
   const float *am = a + m * lda;
   float *cm = c + m * ldc;
   switch (M - m) { /* (each case inlines tile32 for its row count) */
@@ -222,18 +236,32 @@ static void one_panel(const float *a, int64_t lda, const float *packed, int64_t 
 }
 
 /* c[r, j] for r < rows, j < 32 (rows ldc floats apart) = a's rows times the two full panels at
-   `pair` (tile32 with AVX-512, tile16 twice with AVX2, plain loops elsewhere) */
+   `pair` (tile32 with AVX-512, tile16 twice with AVX2, plain loops elsewhere); `ahead`: pair_after's */
 static void pair_product(const float *a, int64_t lda, const float *pair, int64_t K, float *c, int64_t ldc,
-                         int64_t rows) {
+                         int64_t rows, const float *ahead) {
 #if defined(GEMM_AVX512)
-  pair_rows(a, lda, pair, K, c, ldc, rows);
+  pair_rows(a, lda, pair, K, c, ldc, rows, ahead);
 #elif defined(GEMM_AVX2)
+  (void)ahead;
   panel_rows(a, lda, pair, K, c, ldc, rows);
   panel_rows(a, lda, pair + NR * K, K, c + NR, ldc, rows);
 #else
+  (void)ahead;
   tile_portable(a, lda, pair, K, NR, c, ldc, rows);
   tile_portable(a, lda, pair + NR * K, K, NR, c + NR, ldc, rows);
 #endif
+}
+
+/* A weight of more than STREAMED_WEIGHT_BYTES (an LM head: the demo model's is 47 MiB) comes from
+   memory in a step; there the pair after the one at column `first` in memory, fetched into L2 by
+   this pair's first tile (whichever thread multiplies it: it passes through the shared cache),
+   made the products 1.1-1.2 x faster at 8-32 rows. A layer's weights come from L3 in a decode
+   step, and there it was 0.7-0.9 x. That pair (of a weight packed [N, K]) when it is whole and
+   the weight streams, else NULL. */
+enum { STREAMED_WEIGHT_BYTES = 8 << 20 };
+static const float *pair_after(const float *packed, int64_t N, int64_t K, int64_t first) {
+  if ((int64_t)sizeof(float) * N * K <= STREAMED_WEIGHT_BYTES || first + 4 * NR > N) return NULL;
+  return packed + (first + 2 * NR) * K;
 }
 
 /* rows of a (K floats each) that stay in a core's cache while it multiplies them by the panels */
@@ -269,7 +297,7 @@ int gemm_panels(const float *a, int64_t lda, const float *packed, float *c, int6
       const float *am = a + m0 * lda;
       float *cm = c + m0 * N;
       if (width == 2 * NR)
-        pair_product(am, lda, packed + first * K, K, cm + first, N, rows);
+        pair_product(am, lda, packed + first * K, K, cm + first, N, rows, pair_after(packed, N, K, first));
       else
         for (int64_t q = p; q < p + 2 && q < panels; q++) one_panel(am, lda, packed, K, cm, N, rows, q);
       if (columns != NULL) panel_best(cm, N, rows, first, width, values + t * M + m0, columns + t * M + m0);
@@ -322,8 +350,8 @@ int gemm_gated(const float *a, int64_t lda, const float *packed, float *out, int
       const int64_t first = i % pairs * 2 * NR;
       const float *am = a + m0 * lda;
       float *gate = out + m0 * ldo + first;
-      pair_product(am, lda, packed + first * K, K, gate, ldo, rows);
-      pair_product(am, lda, packed + (n + first) * K, K, up, 2 * NR, rows);
+      pair_product(am, lda, packed + first * K, K, gate, ldo, rows, pair_after(packed, 2 * n, K, first));
+      pair_product(am, lda, packed + (n + first) * K, K, up, 2 * NR, rows, pair_after(packed, 2 * n, K, n + first));
       for (int64_t r = 0; r < rows; r++) {
         float *g = gate + r * ldo;
         const float *u = up + r * 2 * NR;
