@@ -10,8 +10,9 @@
    columns in 28 registers, two panel loads and 14 broadcasts for 28 multiply-adds a k, the k
    loop unrolled four times), and each pair's first tile prefetches its own panels ahead of
    its loads (and the next pair, for a weight that streams from memory: pair_after); with AVX2
-   each panel's first tile likewise. a's rows go ROW_BLOCK_FLOATS at a time (a block stays in a core's L2 while every
-   panel passes; a prefill's thousands of rows do not fit), so a panel is read once per block.
+   each panel's first tile likewise. a's rows go ROW_BLOCK_FLOATS at a time (a block stays in a
+   core's L2 while every panel passes; a prefill's thousands of rows do not fit), so a panel is
+   read once per block.
    Work is handed out by (row block, pair of panels), PANELS_PER_GRAB panels at a time, to whichever
    of `num_threads` OpenMP threads (torch's, as for the other kernels) is free: a thread that loses
    its core to another process (a server's HTTP side, its client) holds up its own panels only,
