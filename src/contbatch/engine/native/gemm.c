@@ -256,8 +256,8 @@ static void pair_product(const float *a, int64_t lda, const float *pair, int64_t
 /* A weight of more than STREAMED_WEIGHT_BYTES (an LM head: the demo model's is 47 MiB) comes from
    memory in a step; there the pair after the one at column `first` in memory, fetched into L2 by
    this pair's first tile (whichever thread multiplies it: it passes through the shared cache),
-   made the products 1.1-1.2 x faster at 8-32 rows. A layer's weights come from L3 in a decode
-   step, and there it was 0.7-0.9 x. That pair (of a weight packed [N, K]) when it is whole and
+   made the products 1.04-1.21 x faster at 8-32 rows. A layer's weights come from L3 in a decode
+   step, and there it was 0.77-0.95 x. That pair (of a weight packed [N, K]) when it is whole and
    the weight streams, else NULL. */
 enum { STREAMED_WEIGHT_BYTES = 8 << 20 };
 static const float *pair_after(const float *packed, int64_t N, int64_t K, int64_t first) {
