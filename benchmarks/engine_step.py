@@ -29,6 +29,9 @@ loads the demo model (30M, float32) with --threads threads and measures:
   other process spins on a core (`one_spinner`): a serving engine shares its cores with its HTTP
   side and, in these benchmarks, with the client; a kernel that splits its work statically over
   the threads waits for the one that lost its core;
+- the same decode steps of B requests with every native kernel a no-op (`kernels_as_no_ops`;
+  "kernels no-ops"): what a step costs besides the kernels' arithmetic (Python, torch's dispatch
+  and small tensors, ctypes, the runner's host work);
 - the host overhead of full engine steps at --engine-batch requests: `LLMEngine.step()`
   (scheduling, input building, forward, sampling, detokenization) timed after every request's
   prefill, with the time inside `forward` subtracted; the fraction is (step - forward) / step;
@@ -159,6 +162,37 @@ def runner_step(
 
 
 @contextlib.contextmanager
+def kernels_as_no_ops() -> Iterator[bool]:
+    """Every native kernel a no-op (returning 0 at once; the queries of what the build runs kept)
+    while the block runs: a step then costs what surrounds the kernels' arithmetic (Python,
+    torch's dispatch and small tensors, ctypes, the runner's host work). Its outputs are garbage.
+    Yields False (nothing replaced) where the kernels are off or this side's code has no
+    `native_library`."""
+    try:
+        from contbatch.engine import native
+    except ImportError:
+        yield False
+        return
+    library_of = getattr(native, "native_library", None)
+    real = library_of() if library_of is not None else None
+    if real is None:
+        yield False
+        return
+    queries = {"gemm_preferred", "argmax_bf16_kernels"}
+
+    class NoOps:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name) if name in queries else (lambda *args: 0)
+
+    no_ops = NoOps()
+    native.native_library = lambda: no_ops
+    try:
+        yield True
+    finally:
+        native.native_library = library_of
+
+
+@contextlib.contextmanager
 def one_spinner() -> Iterator[None]:
     """Another process spinning on one core (pure Python, no I/O) while the block runs."""
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -252,6 +286,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         result[name] = row
         if args.shared and name == f"decode_{max(args.batches)}":
             result[f"{name}_shared"] = beside_a_spinner(row, lambda c=contexts: runner_step(runner, c, args.steps))
+        if name in (f"decode_{b}" for b in args.batches):
+            with kernels_as_no_ops() as replaced:
+                if replaced:
+                    row["without_kernels_ms"] = runner_step(runner, contexts, args.steps)["step_ms"]
     count, length = args.prefill
     if count > 0:
         prefill = lambda: runner_step(runner, [0] * count, max(3, args.steps // 4), prompt=length)  # noqa: E731
@@ -361,6 +399,8 @@ def report(sides: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[
         add(f"decode {name}: step / roofline_mm", b["ratio_mm"], c["ratio_mm"])
         add(f"decode {name}: roofline ms", b["roofline_ms"], c["roofline_ms"])
         add(f"decode {name}: host fraction", b["host_fraction"], c["host_fraction"], "{:.3f}")
+        if "without_kernels_ms" in b and "without_kernels_ms" in c:
+            add(f"decode {name}: step ms, kernels no-ops", b["without_kernels_ms"], c["without_kernels_ms"])
     b, c = base[f"engine_{args.engine_batch}"], cur[f"engine_{args.engine_batch}"]
     add(f"engine {args.engine_batch}: step ms", b["step_ms"], c["step_ms"])
     add(f"engine {args.engine_batch}: host ms", b["host_ms"], c["host_ms"])
