@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def compile_kernels(native_dir: Path, extra: tuple[str, ...], out: Path) -> ctyp
     from contbatch.engine.native import FLAGS
 
     sources = sorted(str(p) for p in native_dir.glob("*.c"))
-    cmd = ["cc", *FLAGS, *extra, *sources, "-o", str(out), "-lm"]
+    cmd = [os.environ.get("CC") or "cc", *FLAGS, *extra, *sources, "-o", str(out), "-lm"]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"cc failed for {native_dir}: {done.stderr.strip()[-300:]}")
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weight-mib", type=float, default=64.0, help="distinct weights per shape (default 64 MiB)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
+    if min(args.reps, args.threads, *args.rows) < 1 or not args.weight_mib > 0:
+        parser.error("--reps, --threads and --rows must be >= 1, --weight-mib > 0")
     torch.set_num_threads(args.threads)
     has_avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
     builds = [b for b in args.builds if b != "avx2" or has_avx512]

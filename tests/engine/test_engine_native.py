@@ -202,7 +202,7 @@ def test_panel_product_is_the_matrix_product(out_features: int, in_features: int
     """Full panels of 16 columns and a narrower last one, pairs of panels and an odd one left; row
     tiles of 6 (AVX2) or 14 (AVX-512) and every remainder; 1,500 rows of 384 inputs: three row
     blocks; a weight of 9 MiB (over `STREAMED_WEIGHT_BYTES`: each pair's first tile prefetches
-    the next pair, the last whole pair's next one is the odd panel); every build (`kernel_build`)."""
+    the next pair, but the last whole one, which the odd panel follows); every build (`kernel_build`)."""
     torch.manual_seed(out_features + rows)
     weight = torch.randn(out_features, in_features) * in_features**-0.5  # (outputs of about 1, as a model's)
     x = torch.randn(rows, in_features)
