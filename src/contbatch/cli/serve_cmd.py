@@ -129,14 +129,14 @@ def add_serve_parser(commands: Any) -> None:
         type=int,
         default=2,
         metavar="N",
-        help="threads tokenizing long prompts (default %(default)s)",
+        help="threads tokenizing long prompts, and short ones while half their places are free (default %(default)s)",
     )
     serve.add_argument(
         "--tokenizer-queue",
         type=int,
         default=64,
         metavar="N",
-        help="long prompts admitted to them at once (503 beyond; default %(default)s)",
+        help="prompts admitted to them at once (a long prompt beyond: 503; default %(default)s)",
     )
     add_http_flags(serve)
     serve.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))

@@ -102,9 +102,14 @@ static inline __attribute__((always_inline)) void tile16(const float *a, int64_t
   ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
 }
 
+/* the rows of a times one full panel; the first tile prefetches (tile16) */
 static void panel_rows(const float *a, int64_t lda, const float *panel, int64_t K, float *c, int64_t ldc, int64_t M) {
   int64_t m = 0;
-  for (; m + MR <= M; m += MR) tile16(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR, m == 0);
+  if (M >= MR) {
+    tile16(a, lda, panel, K, c, ldc, MR, 1);
+    m = MR;
+  }
+  for (; m + MR <= M; m += MR) tile16(a + m * lda, lda, panel, K, c + m * ldc, ldc, MR, 0);
   const float *am = a + m * lda;
   float *cm = c + m * ldc;
   switch (M - m) { /* (each case inlines tile16 for its row count) */
